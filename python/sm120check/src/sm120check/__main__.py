@@ -1,0 +1,3 @@
+from sm120check.cli import main
+
+raise SystemExit(main())

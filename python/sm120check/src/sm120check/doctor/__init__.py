@@ -1,0 +1,1 @@
+"""The doctor: checks with verdicts, evidence and remedies."""
