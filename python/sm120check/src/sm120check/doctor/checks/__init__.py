@@ -1,0 +1,41 @@
+"""The check catalogue: one module per family, each exposing `CHECKS`, a tuple of check classes.
+
+The runner orders checks by level, then by this module order, then by their order in `CHECKS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from sm120check.doctor.model import Check
+
+# Families in report order. `sglang` (SGLang SM120 source scan) and `comm` (level-3 communication)
+# are owned by their own modules; keep their entries when editing this list.
+CHECK_MODULES: tuple[str, ...] = (
+    "platform",
+    "driver",
+    "toolkit",
+    "nvrtc",
+    "jit",
+    "torch",
+    "abi",
+    "env",
+    "stack",
+    "sglang",
+    "flashinfer_jit",
+    "comm",
+)
+
+
+def all_checks() -> list[Check]:
+    checks: list[Check] = []
+    for name in CHECK_MODULES:
+        module_name = f"{__name__}.{name}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:  # a family still being built is absent, not fatal
+            if exc.name != module_name:
+                raise
+            continue
+        checks.extend(cls() for cls in module.CHECKS)
+    return checks
