@@ -1,0 +1,134 @@
+"""ABI: no CUDA 12 wheels beside the CUDA 13 stack, and a torch process maps the libraries the node meant."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from sm120check.doctor import loader, remedies, stackenv, versions
+from sm120check.doctor.model import Context, Result, Status
+
+
+def torch_cuda_major(version: str) -> int | None:
+    """CUDA major of a torch wheel from its version alone: "+cu130" -> 13, "+cu128" -> 12, "+cpu" -> None;
+    without a label, PyPI's builds: 2.11 and later are CUDA 13, older ones CUDA 12."""
+    label = versions.local_label(version)
+    if label.startswith("cu") and label[2:].isdigit():
+        return int(label[2:-1])
+    if label:
+        return None
+    return 13 if versions.at_least(version, "2.11") else 12
+
+
+def cuda12_dists(installed: Mapping[str, str]) -> list[str]:
+    """Distributions built for CUDA 12 in a venv: `*-cu12`, sgl-kernel 0.3.x, unsuffixed nvidia-* 12.x, torch cu12."""
+    found = []
+    for name, version in sorted(installed.items()):
+        if name.endswith("-cu12"):
+            found.append(f"{name} {version}")
+        elif name == "sgl-kernel" and versions.parse(version)[:2] == (0, 3):
+            found.append(f"{name} {version} (CUDA 12 build; CUDA 13 is sglang-kernel 0.4.x)")
+        elif name.startswith("nvidia-") and not name.endswith("-cu13") and name not in ("nvidia-ml-py",) and versions.parse(version)[0] == 12:
+            found.append(f"{name} {version}")
+        elif name == "torch" and torch_cuda_major(version) == 12:
+            found.append(f"torch {version} (a CUDA 12 build)")
+    return found
+
+
+def wheels_verdict(installed: Mapping[str, str], venv: str) -> Result:
+    bad = cuda12_dists(installed)
+    torch = installed.get("torch", "")
+    data = {"cuda12_dists": len(bad), "dists": len(installed)}
+    if bad:
+        names = " ".join(b.split()[0] for b in bad if not b.startswith("torch "))
+        return Result(
+            "abi_wheels", Status.FAIL, f"CUDA 12 wheels in the CUDA 13 stack venv {venv}: {', '.join(bad)}",
+            details="CUDA 12 and 13 wheels in one environment load libnvrtc.so.12 / libcudart.so.12 beside the CUDA 13 "
+            "libraries: 'cannot open shared object file' or undefined symbols at import",
+            remedy=(f"{venv}/bin/pip uninstall -y {names}; then " if names else "") + remedies.PYTHON_STACK,
+            data=data,
+        )
+    with_torch = f", torch {torch}" if torch else ""
+    return Result("abi_wheels", Status.PASS, f"no CUDA 12 wheels among {len(installed)} distributions{with_torch}", data=data)
+
+
+class AbiWheelsCheck:
+    """No CUDA 12 wheels (any *-cu12, sgl-kernel 0.3.x, a CUDA 12 torch) in the stack venv."""
+
+    id: ClassVar[str] = "abi_wheels"
+    family: ClassVar[str] = "abi"
+    level: ClassVar[int] = 1
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    def run(self, ctx: Context) -> Result:
+        venv = stackenv.prefix(ctx)
+        return wheels_verdict(stackenv.installed(venv), str(venv))
+
+
+def _soname_major(path: str) -> int | None:
+    tail = os.path.basename(path).split(".so.", 1)
+    return int(tail[1].split(".")[0]) if len(tail) == 2 and tail[1].split(".")[0].isdigit() else None
+
+
+def libs_verdict(
+    mapped: Mapping[str, Sequence[str]],
+    cache: Mapping[str, list[str]],
+    want_dirs: Mapping[str, str],
+) -> Result:
+    """Verdict on the libraries a torch process mapped, against the loader cache and the manifest's lib dirs.
+
+    `want_dirs` maps a library stem (libnvrtc, libnccl, ...) to the directory the manifest says it comes from.
+    """
+    data: dict[str, object] = {"mapped": {k: list(v) for k, v in mapped.items()}}
+    failures: list[str] = []
+    warnings: list[str] = []
+    for name, paths in mapped.items():
+        if name in ("libcudart", "libnvrtc") and any(_soname_major(p) == 12 for p in paths):
+            failures.append(f"{name}: CUDA 12 copy mapped ({', '.join(paths)})")
+        distinct = {os.path.realpath(p) for p in paths}
+        if len(distinct) > 1:
+            failures.append(f"{name}: {len(distinct)} different files mapped in one process: {', '.join(paths)}")
+    warnings += loader.mapped_vs_cache({k: list(v) for k, v in mapped.items()}, cache)
+    nccl_copies = loader.copies_in_cache(cache, "libnccl")
+    data["nccl_copies_in_cache"] = len(nccl_copies)
+    if len(nccl_copies) > 1:
+        warnings.append(f"libnccl: {len(nccl_copies)} copies on the loader path: {', '.join(nccl_copies)}")
+    for name, directory in want_dirs.items():
+        for path in mapped.get(name, []):
+            if directory and os.path.realpath(os.path.dirname(path)) != os.path.realpath(directory):
+                warnings.append(f"{name}: mapped from {os.path.dirname(path)}, the manifest says {directory}")
+    shown = "; ".join(f"{k} {', '.join(v)}" for k, v in sorted(mapped.items()))
+    if failures:
+        return Result(
+            "abi_libs", Status.FAIL, f"a torch process maps mixed CUDA libraries: {failures[0]}",
+            details="\n".join(failures + warnings), remedy=f"{remedies.PYTHON_STACK} and {remedies.CUDA_ENV}", data=data,
+        )
+    if warnings:
+        return Result(
+            "abi_libs", Status.WARN, f"a torch process maps libraries other than the node's: {warnings[0]}",
+            details="\n".join([*warnings, f"mapped: {shown}"]),
+            remedy=f"{remedies.CUDA_ENV} (ld.so.conf.d entry + ldconfig) and {remedies.NCCL}", data=data,
+        )
+    return Result("abi_libs", Status.PASS, f"a torch process maps one copy of each: {shown or 'none tracked'}", data=data)
+
+
+class AbiLibsCheck:
+    """The libnvrtc/libcudart/libnccl/libcuda a torch process maps agree with the loader cache and the manifest."""
+
+    id: ClassVar[str] = "abi_libs"
+    family: ClassVar[str] = "abi"
+    level: ClassVar[int] = 2
+    requires: ClassVar[tuple[str, ...]] = ("torch",)
+
+    def run(self, ctx: Context) -> Result:
+        maps = ctx.results["torch"].data.get("maps", {})
+        mapped = {str(k): [str(p) for p in v] for k, v in maps.items()} if isinstance(maps, dict) else {}
+        m = ctx.manifest
+        want = {}
+        if m is not None:
+            want = {"libnvrtc": m.cuda.get("lib_dir", ""), "libnccl": m.nccl.get("lib_dir", "")}
+        return libs_verdict(mapped, loader.ldconfig_cache(), {k: v for k, v in want.items() if v})
+
+
+CHECKS = (AbiWheelsCheck, AbiLibsCheck)

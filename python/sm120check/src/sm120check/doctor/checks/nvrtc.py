@@ -1,0 +1,92 @@
+"""NVRTC: libnvrtc.so.13 resolves by soname (as sgl_kernel loads it), is 13.x and supports sm_120."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar
+
+from sm120check.doctor import nvrtc_api, remedies, stackenv
+from sm120check.doctor.model import Context, Result, Status
+
+# Where the PyPI CUDA wheels put NVRTC, relative to site-packages (CUDA 13 and CUDA 12 layouts).
+WHEEL_COPIES = ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
+FIX = f"{remedies.CUDA_ENV} (writes the ld.so.conf.d entry for the NVRTC lib dir and runs ldconfig)"
+
+
+def wheel_copies(site_dirs: Sequence[Path]) -> list[str]:
+    return [str(d / rel) for d in site_dirs for rel in WHEEL_COPIES if (d / rel).exists()]
+
+
+def nvrtc_verdict(
+    opened: nvrtc_api.Nvrtc | None,
+    open_error: str,
+    version: tuple[int, int] | None,
+    archs: Sequence[int],
+    copies: Sequence[str],
+    want_lib_dir: str,
+    want_version: str,
+) -> Result:
+    data: dict[str, object] = {"wheel_copies": list(copies)}
+    found = f"copies on disk: {', '.join(copies)}" if copies else "no NVRTC wheel in the stack venv"
+    if opened is None:
+        return Result(
+            "nvrtc", Status.FAIL, f"{nvrtc_api.SONAME} does not load by soname",
+            details=f"{open_error}\n{found}", remedy=FIX, data=data,
+        )
+    path = opened.path or "(path unknown)"
+    data.update(path=path, supported_archs=list(archs))
+    if version is None:
+        return Result("nvrtc", Status.FAIL, f"nvrtcVersion failed in {path}", remedy=FIX, data=data)
+    data.update(version=f"{version[0]}.{version[1]}")
+    summary = f"NVRTC {version[0]}.{version[1]} from {path}"
+    if version[0] != 13:
+        return Result("nvrtc", Status.FAIL, f"{summary} is not CUDA 13", remedy=FIX, data=data)
+    if 120 not in archs:
+        return Result(
+            "nvrtc", Status.FAIL, f"{summary} cannot target sm_120",
+            details=f"supported: {', '.join(map(str, archs))}", remedy=f"{remedies.CUDA_TOOLKIT} (cuda_toolkit_version)",
+            data=data,
+        )
+    if want_version and want_version.split(".")[:2] != [str(version[0]), str(version[1])]:
+        return Result(
+            "nvrtc", Status.FAIL, f"{summary}; the manifest pins {want_version}", remedy=FIX, data=data,
+        )
+    if want_lib_dir and opened.path and os.path.realpath(os.path.dirname(opened.path)) != os.path.realpath(want_lib_dir):
+        return Result(
+            "nvrtc", Status.WARN, f"{summary}, not from the manifest's lib_dir {want_lib_dir}",
+            details=f"archs {', '.join(map(str, archs))}; {found}", remedy=FIX, data=data,
+        )
+    return Result(
+        "nvrtc", Status.PASS, f"{summary}, supports sm_120",
+        details=f"archs {', '.join(map(str, archs))}; {found}", data=data,
+    )
+
+
+class NvrtcCheck:
+    """libnvrtc.so.13 loads by soname, is NVRTC 13.x, lists 120 among its architectures; shows which file it is."""
+
+    id: ClassVar[str] = "nvrtc"
+    family: ClassVar[str] = "nvrtc"
+    level: ClassVar[int] = 1
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    def run(self, ctx: Context) -> Result:
+        copies = wheel_copies(stackenv.site_packages(stackenv.prefix(ctx)))
+        m = ctx.manifest
+        want_dir = m.cuda.get("lib_dir", "") if m else ""
+        want_version = m.cuda.get("nvrtc", "") if m else ""
+        try:
+            opened = nvrtc_api.Nvrtc.open()
+        except OSError as exc:
+            return nvrtc_verdict(None, str(exc), None, (), copies, want_dir, want_version)
+        try:
+            version: tuple[int, int] | None = opened.version()
+            archs = opened.supported_archs()
+        except (nvrtc_api.NvrtcError, AttributeError):
+            version, archs = None, []
+        return nvrtc_verdict(opened, "", version, archs, copies, want_dir, want_version)
+
+
+CHECKS = (NvrtcCheck,)

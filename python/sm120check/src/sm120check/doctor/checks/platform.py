@@ -1,0 +1,107 @@
+"""Platform and manifest: what this node is and which stack it was provisioned for."""
+
+from __future__ import annotations
+
+import os
+import platform as _platform
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+from sm120check import __version__, manifest
+from sm120check.doctor import remedies, versions
+from sm120check.doctor.model import Context, Result, Status
+
+MIN_PYTHON = (3, 10)
+MIN_GLIBC = "2.28"  # torch and the CUDA wheels are manylinux_2_28
+
+
+def os_release(path: Path = Path("/etc/os-release")) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            fields[key.strip()] = value.strip().strip('"')
+    return fields
+
+
+def glibc_version() -> str:
+    try:
+        text = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        text = ""
+    return text.split()[-1] if text.startswith("glibc") else ""
+
+
+def platform_verdict(system: str, machine: str, python: tuple[int, int], glibc: str, os_name: str, kernel: str) -> Result:
+    data = {"os": os_name, "kernel": kernel, "python": f"{python[0]}.{python[1]}", "glibc": glibc, "machine": machine}
+    summary = f"{os_name or system}, kernel {kernel}, Python {python[0]}.{python[1]}, glibc {glibc or '?'}, {machine}"
+    if system != "Linux":
+        return Result("platform", Status.FAIL, f"{system} is not supported: CUDA serving nodes run Linux", data=data)
+    if python < MIN_PYTHON:
+        return Result(
+            "platform", Status.FAIL, f"Python {python[0]}.{python[1]} is older than 3.10: {summary}",
+            remedy=f"set python_stack_python to a Python >= 3.10 interpreter; {remedies.PYTHON_STACK}", data=data,
+        )
+    if not glibc or not versions.at_least(glibc, MIN_GLIBC):
+        return Result(
+            "platform", Status.FAIL, f"glibc {glibc or 'unknown'} is older than {MIN_GLIBC}: {summary}",
+            details="torch and the CUDA 13 wheels are manylinux_2_28 builds and will not install or load",
+            remedy="use a distribution with glibc >= 2.28 (Debian 12, Ubuntu 22.04/24.04)", data=data,
+        )
+    if machine not in ("x86_64", "aarch64"):
+        return Result("platform", Status.WARN, f"{machine} has no CUDA 13 wheels: {summary}", data=data)
+    return Result("platform", Status.PASS, summary, data=data)
+
+
+class PlatformCheck:
+    """OS, kernel, Python and glibc are ones the CUDA 13 wheels support."""
+
+    id: ClassVar[str] = "platform"
+    family: ClassVar[str] = "platform"
+    level: ClassVar[int] = 1
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    def run(self, ctx: Context) -> Result:
+        return platform_verdict(
+            _platform.system(), _platform.machine(), sys.version_info[:2], glibc_version(),
+            os_release().get("PRETTY_NAME", ""), _platform.release(),
+        )
+
+
+class ManifestCheck:
+    """The node manifest (/etc/sm120kit/manifest.json) is present and readable, and names the profile."""
+
+    id: ClassVar[str] = "manifest"
+    family: ClassVar[str] = "platform"
+    level: ClassVar[int] = 1
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    def run(self, ctx: Context) -> Result:
+        m = ctx.manifest
+        if m is None:
+            missing = "does not exist" in ctx.manifest_error or not ctx.manifest_error
+            return Result(
+                self.id,
+                Status.WARN if missing else Status.FAIL,
+                "no node manifest: version comparisons use built-in CUDA 13.0 defaults or are skipped"
+                if missing else "the node manifest cannot be used",
+                details=ctx.manifest_error or f"{manifest.manifest_path()} not found",
+                remedy=f"{remedies.SM120CHECK} (writes {manifest.DEFAULT_PATH}), or pass --manifest PATH",
+            )
+        data = {"path": str(m.path), "profile": m.profile, "cuda": m.cuda.get("version", ""), "venv": m.venv}
+        summary = f"{m.path}: profile {m.profile}, CUDA {m.cuda.get('version', '?')}, venv {m.venv}"
+        written_by = str(m.raw.get("sm120kit_version", ""))
+        if written_by and written_by != __version__:
+            return Result(
+                self.id, Status.WARN, f"{summary}; written by sm120kit {written_by}, doctor is {__version__}",
+                remedy=f"{remedies.SM120CHECK} to install the matching checker and rewrite the manifest", data=data,
+            )
+        return Result(self.id, Status.PASS, summary, data=data)
+
+
+CHECKS = (PlatformCheck, ManifestCheck)

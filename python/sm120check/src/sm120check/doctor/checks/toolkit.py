@@ -1,0 +1,158 @@
+"""The CUDA toolkit FlashInfer and torch extensions will use: where, which nvcc, and whether it targets sm_120."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from sm120check.doctor import remedies
+from sm120check.doctor.model import Context, Result, Status
+
+_NVCC_VERSION = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")
+DEFAULT_HOME = "/usr/local/cuda"
+FIX = f"{remedies.CUDA_TOOLKIT}, then {remedies.CUDA_ENV} (sets CUDA_HOME / CUDA_PATH / PATH)"
+
+
+@dataclass(frozen=True)
+class CudaHome:
+    path: str  # "" when nothing was found
+    source: str  # "CUDA_HOME", "CUDA_PATH", "which nvcc", "/usr/local/cuda" or "none"
+
+
+def resolve_cuda_home(
+    environ: Mapping[str, str], which: Callable[[str], str | None] = shutil.which, exists: Callable[[str], bool] = os.path.exists
+) -> CudaHome:
+    """CUDA_HOME exactly as FlashInfer's JIT finds it: CUDA_HOME, CUDA_PATH, `which nvcc`, /usr/local/cuda."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if environ.get(var):
+            return CudaHome(environ[var], var)
+    nvcc = which("nvcc")
+    if nvcc:
+        return CudaHome(os.path.dirname(os.path.dirname(nvcc)), "which nvcc")
+    if exists(DEFAULT_HOME):
+        return CudaHome(DEFAULT_HOME, DEFAULT_HOME)
+    return CudaHome("", "none")
+
+
+def parse_nvcc_version(text: str) -> tuple[str, str] | None:
+    """`nvcc --version` output -> (release, full version): ("13.0", "13.0.88")."""
+    match = _NVCC_VERSION.search(text)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def _run(cmd: list[str], timeout: float = 20) -> tuple[int, str]:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return 124, f"{cmd[0]} did not answer in {timeout:.0f} s"
+    except OSError as exc:
+        return 127, str(exc)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def toolkit_verdict(
+    home: CudaHome, version_out: tuple[int, str] | None, gpu_codes: str, want_nvcc: str, want_home: str
+) -> Result:
+    """Verdict from the resolved home, `nvcc --version` (rc, text) and `nvcc --list-gpu-code` output."""
+    data: dict[str, object] = {"cuda_home": home.path, "source": home.source}
+    if not home.path:
+        return Result(
+            "toolkit", Status.FAIL, "no CUDA toolkit: CUDA_HOME, CUDA_PATH unset, no nvcc on PATH, no /usr/local/cuda",
+            remedy=FIX, data=data,
+        )
+    nvcc = f"{home.path}/bin/nvcc"
+    where = f"CUDA_HOME {home.path} (from {home.source})"
+    if version_out is None or version_out[0] != 0:
+        return Result(
+            "toolkit", Status.FAIL, f"{nvcc} does not run; {where}",
+            details=version_out[1].strip() if version_out else "", remedy=FIX, data=data,
+        )
+    parsed = parse_nvcc_version(version_out[1])
+    if parsed is None:
+        return Result("toolkit", Status.FAIL, f"{nvcc} --version printed no release", details=version_out[1], remedy=FIX)
+    release, full = parsed
+    data.update(nvcc=full, release=release)
+    codes = gpu_codes.split()
+    data["sm_120"] = "sm_120" in codes
+    summary = f"nvcc {full} at {where}"
+    if not release.startswith("13."):
+        return Result(
+            "toolkit", Status.FAIL, f"nvcc is CUDA {release}, not 13: {summary}",
+            details="FlashInfer reads the CUDA version from $CUDA_HOME/bin/nvcc and a cu130 torch needs CUDA 13",
+            remedy=FIX, data=data,
+        )
+    if want_nvcc and full != want_nvcc:
+        return Result(
+            "toolkit", Status.FAIL, f"nvcc {full} but the manifest pins {want_nvcc}: {summary}",
+            remedy=f"{FIX} (cuda_toolkit_version)", data=data,
+        )
+    if "sm_120" not in codes:
+        return Result(
+            "toolkit", Status.FAIL, f"nvcc cannot target sm_120: {summary}",
+            details=f"nvcc --list-gpu-code: {' '.join(codes) or '(nothing)'}", remedy=FIX, data=data,
+        )
+    if want_home and os.path.realpath(home.path) != os.path.realpath(want_home):
+        return Result(
+            "toolkit", Status.WARN, f"{summary}; the manifest's toolkit is {want_home}",
+            details="FlashInfer and torch extensions will build with the toolkit above, not the provisioned one",
+            remedy=f"{remedies.CUDA_ENV} (exports CUDA_HOME={want_home}) and start a new shell", data=data,
+        )
+    return Result("toolkit", Status.PASS, f"{summary}, targets sm_120", data=data)
+
+
+class ToolkitCheck:
+    """CUDA_HOME resolves like FlashInfer's JIT does, its nvcc is the manifest's version and can target sm_120."""
+
+    id: ClassVar[str] = "toolkit"
+    family: ClassVar[str] = "toolkit"
+    level: ClassVar[int] = 1
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    def run(self, ctx: Context) -> Result:
+        home = resolve_cuda_home(os.environ)
+        version_out = codes = None
+        if home.path:
+            nvcc = f"{home.path}/bin/nvcc"
+            version_out = _run([nvcc, "--version"])
+            codes = _run([nvcc, "--list-gpu-code"])
+        m = ctx.manifest
+        want_nvcc = m.cuda.get("nvcc", "") if m else ""
+        want_home = (m.cuda.get("link") or m.cuda.get("home", "")) if m else ""
+        return toolkit_verdict(home, version_out, codes[1] if codes and codes[0] == 0 else "", want_nvcc, want_home)
+
+
+_PROBE_SOURCE = 'extern "C" __global__ void sm120kit_probe(unsigned *out) { out[threadIdx.x] = threadIdx.x * 3u; }\n'
+
+
+class NvccSm120Check:
+    """nvcc really compiles a CUDA kernel to an sm_120 cubin."""
+
+    id: ClassVar[str] = "nvcc_sm120"
+    family: ClassVar[str] = "toolkit"
+    level: ClassVar[int] = 2
+    requires: ClassVar[tuple[str, ...]] = ("toolkit",)
+
+    def run(self, ctx: Context) -> Result:
+        home = str(ctx.results["toolkit"].data.get("cuda_home", ""))
+        with tempfile.TemporaryDirectory(prefix="sm120check-nvcc-") as tmp:
+            source, cubin = Path(tmp, "probe.cu"), Path(tmp, "probe.cubin")
+            source.write_text(_PROBE_SOURCE, encoding="utf-8")
+            cmd = [f"{home}/bin/nvcc", "-cubin", "-arch=sm_120", "-o", str(cubin), str(source)]
+            rc, out = _run(cmd, timeout=ctx.timeout)
+            size = cubin.stat().st_size if cubin.exists() else 0
+        if rc != 0 or size == 0:
+            return Result(
+                self.id, Status.FAIL, f"nvcc failed to build an sm_120 cubin (exit {rc})",
+                details=f"{' '.join(cmd)}\n{out.strip()[-2000:]}", remedy=FIX,
+            )
+        return Result(self.id, Status.PASS, f"nvcc built an sm_120 cubin ({size} bytes)", data={"cubin_bytes": size})
+
+
+CHECKS = (ToolkitCheck, NvccSm120Check)

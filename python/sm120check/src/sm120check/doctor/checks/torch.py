@@ -1,0 +1,83 @@
+"""torch (in a child process): a CUDA 13 build with sm_120 kernels, NCCL new enough for SM120, CUDA usable."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from sm120check.doctor import child, remedies, stackenv, versions
+from sm120check.doctor.model import Context, Result, Status
+
+PROBE = "sm120check.doctor.probes.torch_info"
+NCCL_MIN = "2.26.2"  # older NCCL fails on SM120 ("ncclMaxSharedMem ... exceeds")
+FIX = f"{remedies.PYTHON_STACK} (python_stack_torch_version: a CUDA 13 build, torch >= 2.11)"
+
+
+def torch_verdict(info: Mapping[str, object], toolkit_release: str, gpus_expected: bool) -> Result:
+    """Verdict from the probe's report, CUDA_HOME's nvcc release ("" if unknown) and whether the driver shows GPUs."""
+    if info.get("import_error"):
+        return Result(
+            "torch", Status.FAIL, "import torch fails", details=str(info["import_error"])[-2000:], remedy=FIX,
+        )
+    arch_list = [str(a) for a in info.get("arch_list", []) or []]  # type: ignore[attr-defined]
+    cuda = str(info.get("cuda") or "")
+    nccl = str(info.get("nccl") or "")
+    data = {k: info[k] for k in ("version", "cuda", "nccl", "cuda_available", "device_count", "import_s", "maps") if k in info}
+    data["arch_list"] = arch_list
+    summary = f"torch {info.get('version')} (CUDA {cuda or 'none'}, NCCL {nccl or '?'})"
+    problems: list[str] = []
+    if not cuda:
+        problems.append("a CPU-only build")
+    elif versions.parse(cuda)[0] != 13:
+        problems.append(f"built for CUDA {cuda}, not 13")
+    if cuda and not {"sm_120", "compute_120"} & set(arch_list):
+        problems.append(f"no sm_120 or compute_120 in its arch list ({' '.join(arch_list)})")
+    if nccl and not versions.at_least(nccl, NCCL_MIN):
+        problems.append(f"NCCL {nccl} < {NCCL_MIN} (fails on SM120)")
+    if problems:
+        return Result("torch", Status.FAIL, f"{summary}: {'; '.join(problems)}", remedy=FIX, data=data)
+    if cuda and toolkit_release and not versions.same_release(toolkit_release, cuda):
+        return Result(
+            "torch", Status.FAIL, f"{summary}, but CUDA_HOME's nvcc is {toolkit_release}",
+            details="extensions (FlashInfer JIT, torch cpp_extension) build with CUDA_HOME's nvcc against torch's CUDA",
+            remedy=f"{remedies.CUDA_TOOLKIT} and {remedies.CUDA_ENV} (CUDA_HOME to a {cuda} toolkit)", data=data,
+        )
+    if gpus_expected and not info.get("cuda_available"):
+        return Result(
+            "torch", Status.FAIL, f"{summary}, but torch.cuda.is_available() is False",
+            details=str(info.get("cuda_error", "")), remedy=remedies.DRIVER, data=data,
+        )
+    if gpus_expected and info.get("op_ok") is False:
+        return Result("torch", Status.FAIL, f"{summary}: a CUDA tensor op returned a wrong result", data=data)
+    where = f"{info.get('device_count')} GPU(s) usable" if gpus_expected else "CUDA use not tried: no NVIDIA driver"
+    return Result("torch", Status.PASS, f"{summary}, sm_120 in arch list, {where}", data=data)
+
+
+class TorchCheck:
+    """torch is a CUDA 13 build with sm_120 kernels, NCCL >= 2.26.2, CUDA usable, agreeing with CUDA_HOME's nvcc."""
+
+    id: ClassVar[str] = "torch"
+    family: ClassVar[str] = "torch"
+    level: ClassVar[int] = 2
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    def run(self, ctx: Context) -> Result:
+        venv = stackenv.prefix(ctx)
+        if "torch" not in stackenv.installed(venv):
+            return Result(
+                self.id, Status.SKIP, f"torch is not installed in {venv}",
+                remedy=f"the full profile installs it: {remedies.PYTHON_STACK} -e sm120kit_profile=full",
+            )
+        outcome = child.run_probe(PROBE, timeout=ctx.timeout, python=str(stackenv.python(ctx)), env=stackenv.probe_env())
+        if not outcome.ok:
+            return Result(
+                self.id, Status.FAIL, f"the torch probe {outcome.problem}", details=outcome.stderr_tail[-2000:], remedy=FIX,
+            )
+        toolkit = ctx.results.get("toolkit")
+        release = str(toolkit.data.get("release", "")) if toolkit else ""
+        driver = ctx.results.get("driver")
+        gpus = driver is not None and driver.status in (Status.PASS, Status.WARN) and bool(driver.data.get("gpu_count"))
+        return torch_verdict(outcome.data, release, gpus)
+
+
+CHECKS = (TorchCheck,)

@@ -1,0 +1,129 @@
+"""`sm120check doctor`: run the checks, print verdicts, write machine-readable reports."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import inspect
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from sm120check import __version__, manifest
+from sm120check.doctor import report, runner
+from sm120check.doctor.checks import all_checks
+from sm120check.doctor.model import Check, Context
+
+EXIT_USAGE = 2
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "doctor",
+        help="check this node: verdict, evidence and fix for each part of the CUDA 13 / SM120 stack",
+        description="Check this node: each check gives pass, warn, fail or skip, its evidence and the fix. "
+        "Exit 0 when nothing failed, 1 when a check failed, 2 on usage or internal errors.",
+    )
+    parser.add_argument(
+        "--level", type=int, default=2, choices=(1, 2, 3),
+        help="run checks up to this level: 1 static, 2 single-GPU work, 3 multi-GPU communication (default 2)",
+    )
+    parser.add_argument("--select", metavar="IDS", default="", help="comma-separated check ids to run (with their prerequisites)")
+    parser.add_argument("--skip", metavar="IDS", default="", help="comma-separated check ids not to run")
+    parser.add_argument("--list", action="store_true", help="list the checks with level and description, run nothing")
+    parser.add_argument("--json", action="store_true", help="print the JSON report to stdout instead of the table")
+    parser.add_argument("--junit", metavar="FILE", type=Path, help="also write a JUnit XML report")
+    parser.add_argument("--prometheus", metavar="FILE", type=Path, help="also write a Prometheus textfile")
+    parser.add_argument(
+        "--manifest", metavar="PATH", type=Path,
+        help=f"node manifest (default ${manifest.ENV_VAR} or {manifest.DEFAULT_PATH})",
+    )
+    parser.add_argument("--timeout", metavar="S", type=float, default=120.0, help="hard limit per GPU child process")
+    parser.add_argument("--gpus", metavar="0,1", default="", help="GPU indices multi-GPU checks may use")
+    parser.set_defaults(handler=main)
+
+
+def _ids(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _usage(message: str) -> int:
+    print(f"sm120check doctor: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def describe(check: Check) -> str:
+    doc = inspect.getdoc(check) or ""
+    return doc.splitlines()[0] if doc else ""
+
+
+def list_checks(checks: list[Check]) -> str:
+    width = max([len(c.id) for c in checks] + [5])
+    lines = [f"{'CHECK'.ljust(width)}  LEVEL  FAMILY      REQUIRES          DESCRIPTION"]
+    for check in sorted(checks, key=lambda c: c.level):  # stable: family order inside a level
+        needs = ",".join(check.requires) or "-"
+        lines.append(f"{check.id.ljust(width)}  {check.level:<5}  {check.family:<10}  {needs:<16}  {describe(check)}")
+    return "\n".join(lines) + "\n"
+
+
+def build_context(args: argparse.Namespace) -> Context:
+    """Read the manifest; an explicit --manifest that cannot be read is a usage error (ValueError)."""
+    ctx = Context(timeout=args.timeout)
+    if args.gpus:
+        try:
+            ctx.gpus = tuple(int(part) for part in _ids(args.gpus))
+        except ValueError:
+            raise ValueError(f"--gpus {args.gpus!r}: give GPU indices separated by commas, for example 0,1") from None
+    path = args.manifest
+    try:
+        ctx.manifest = manifest.load(path)
+    except manifest.ManifestError as exc:
+        if path is not None:
+            raise ValueError(f"--manifest: {exc}") from None
+        ctx.manifest_error = str(exc)
+    return ctx
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.timeout <= 0:
+        return _usage(f"--timeout {args.timeout}: give a positive number of seconds")
+    checks = all_checks()
+    if args.list:
+        sys.stdout.write(list_checks(checks))
+        return 0
+    try:
+        chosen = runner.plan(checks, level=args.level, select=_ids(args.select), skip=_ids(args.skip))
+        ctx = build_context(args)
+    except (runner.SelectionError, ValueError) as exc:
+        return _usage(str(exc))
+    started_epoch = time.time()
+    start = time.monotonic()
+    results = runner.run(chosen, ctx)
+    info = report.RunInfo(
+        host=socket.gethostname(),
+        version=__version__,
+        started=dt.datetime.fromtimestamp(started_epoch, dt.timezone.utc).isoformat(timespec="seconds"),
+        seconds=time.monotonic() - start,
+        level=args.level,
+        manifest=str(ctx.manifest.path) if ctx.manifest else "",
+        started_epoch=started_epoch,
+    )
+    sys.stdout.write(report.to_json(results, info) if args.json else report.table(results, info))
+    try:
+        if args.junit:
+            _write(args.junit, report.to_junit(results, info))
+        if args.prometheus:
+            _write(args.prometheus, report.to_prometheus(results, info))
+    except OSError as exc:
+        print(f"sm120check doctor: cannot write report: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return runner.exit_code(results)
+
+
+def _write(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so node_exporter never reads half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

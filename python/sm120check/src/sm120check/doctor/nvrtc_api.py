@@ -1,0 +1,117 @@
+"""NVRTC through ctypes, opened by soname the way sgl_kernel opens it."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from dataclasses import dataclass
+
+from sm120check.doctor import loader
+
+SONAME = "libnvrtc.so.13"
+
+# A kernel with an exact integer reference: out[i] = a * x[i] + y[i] (mod 2**32).
+TEST_KERNEL = r"""
+extern "C" __global__ void sm120kit_axpy(unsigned int a, const unsigned int *x, const unsigned int *y,
+                                         unsigned int *out, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = a * x[i] + y[i];
+}
+"""
+TEST_KERNEL_NAME = "sm120kit_axpy"
+
+ERROR_NAMES = {
+    0: "NVRTC_SUCCESS",
+    1: "NVRTC_ERROR_OUT_OF_MEMORY",
+    2: "NVRTC_ERROR_PROGRAM_CREATION_FAILURE",
+    3: "NVRTC_ERROR_INVALID_INPUT",
+    4: "NVRTC_ERROR_INVALID_PROGRAM",
+    5: "NVRTC_ERROR_INVALID_OPTION",
+    6: "NVRTC_ERROR_COMPILATION",
+    7: "NVRTC_ERROR_BUILTIN_OPERATION_FAILURE",
+}
+
+
+class NvrtcError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Compiled:
+    arch: str
+    ok: bool
+    code: int  # nvrtcResult of the failing call, 0 on success
+    cubin: bytes = b""
+    log: str = ""
+    seconds: float = 0.0
+
+    @property
+    def error(self) -> str:
+        return ERROR_NAMES.get(self.code, f"nvrtcResult {self.code}")
+
+
+class Nvrtc:
+    """An opened NVRTC library. `Nvrtc.open()` raises OSError when the soname does not resolve."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        self.path = loader.dlopen_path(lib)
+
+    @classmethod
+    def open(cls, name: str = SONAME) -> Nvrtc:
+        return cls(ctypes.CDLL(name))
+
+    def _call(self, func: str, *args: object) -> None:
+        code = int(getattr(self.lib, func)(*args))
+        if code != 0:
+            raise NvrtcError(f"{func} returned {ERROR_NAMES.get(code, code)}")
+
+    def version(self) -> tuple[int, int]:
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._call("nvrtcVersion", ctypes.byref(major), ctypes.byref(minor))
+        return major.value, minor.value
+
+    def supported_archs(self) -> list[int]:
+        count = ctypes.c_int()
+        self._call("nvrtcGetNumSupportedArchs", ctypes.byref(count))
+        archs = (ctypes.c_int * count.value)()
+        self._call("nvrtcGetSupportedArchs", archs)
+        return list(archs)
+
+    def compile(self, arch: str, source: str = TEST_KERNEL, name: str = "sm120kit_test.cu") -> Compiled:
+        """Compile `source` to a cubin for `arch` ("sm_120", "sm_120a", "sm_120f", "sm_90", ...)."""
+        start = time.monotonic()
+        prog = ctypes.c_void_p()
+        lib = self.lib
+        code = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None)
+        if code != 0:
+            return Compiled(arch, False, code, seconds=time.monotonic() - start)
+        try:
+            options = (ctypes.c_char_p * 2)(f"--gpu-architecture={arch}".encode(), b"--std=c++17")
+            code = lib.nvrtcCompileProgram(prog, 2, options)
+            log = self._log(prog)
+            if code != 0:
+                return Compiled(arch, False, code, log=log, seconds=time.monotonic() - start)
+            size = ctypes.c_size_t()
+            code = lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+            if code != 0:
+                return Compiled(arch, False, code, log=log, seconds=time.monotonic() - start)
+            buffer = ctypes.create_string_buffer(size.value)
+            code = lib.nvrtcGetCUBIN(prog, buffer)
+            cubin = buffer.raw if code == 0 else b""
+            return Compiled(arch, code == 0 and bool(cubin), code, cubin, log, time.monotonic() - start)
+        finally:
+            lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+    def _log(self, prog: ctypes.c_void_p) -> str:
+        size = ctypes.c_size_t()
+        if self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size)) != 0 or size.value <= 1:
+            return ""
+        buffer = ctypes.create_string_buffer(size.value)
+        self.lib.nvrtcGetProgramLog(prog, buffer)
+        return buffer.value.decode(errors="replace").strip()
+
+
+def arch_of(major: int, minor: int) -> str:
+    """Compute capability -> NVRTC real architecture: (12, 0) -> "sm_120", (9, 0) -> "sm_90"."""
+    return f"sm_{major}{minor}"

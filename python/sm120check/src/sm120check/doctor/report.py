@@ -1,0 +1,186 @@
+"""Output formats: pure functions of a run's results (table, JSON, JUnit XML, Prometheus textfile)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sm120check.doctor.model import Result, Status
+
+JSON_SCHEMA = 1  # bump when a field changes meaning or disappears; adding fields keeps it
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    host: str
+    version: str  # sm120check's
+    started: str  # ISO 8601, UTC
+    seconds: float
+    level: int
+    manifest: str  # path of the manifest read, "" when none
+    started_epoch: float = 0.0
+
+
+def counts(results: Sequence[Result]) -> dict[str, int]:
+    tally = {status.value: 0 for status in Status}
+    for result in results:
+        tally[result.status.value] += 1
+    tally["total"] = len(results)
+    return tally
+
+
+def tally_line(results: Sequence[Result], seconds: float) -> str:
+    tally = counts(results)
+    parts = ", ".join(f"{tally[s.value]} {s.value}" for s in Status)
+    return f"{tally['total']} checks: {parts} ({seconds:.2f} s)"
+
+
+def table(results: Sequence[Result], info: RunInfo) -> str:
+    """The human report: one row per check, evidence and remedy under every row that did not pass."""
+    width = max([len(r.id) for r in results] + [5])
+    lines = [f"sm120check {info.version} doctor on {info.host} (level <= {info.level})"]
+    lines.append(f"{'CHECK'.ljust(width)}  STATUS  SUMMARY")
+    for result in results:
+        lines.append(f"{result.id.ljust(width)}  {result.status.value.upper():<6}  {result.summary}")
+        if result.status is not Status.PASS:
+            for text, label in ((result.details, "details"), (result.remedy, "remedy")):
+                if text:
+                    body = text.strip().splitlines()
+                    pad = " " * (width + 10)
+                    lines.append(f"{pad}{label}: {body[0]}")
+                    lines.extend(f"{pad}  {more}" for more in body[1:])
+    lines.append(tally_line(results, info.seconds))
+    return "\n".join(lines) + "\n"
+
+
+def result_dict(result: Result) -> dict[str, object]:
+    return {
+        "id": result.id,
+        "family": result.family,
+        "level": result.level,
+        "status": result.status.value,
+        "summary": result.summary,
+        "details": result.details,
+        "remedy": result.remedy,
+        "data": dict(result.data),
+        "seconds": round(result.seconds, 4),
+    }
+
+
+def to_json(results: Sequence[Result], info: RunInfo) -> str:
+    """Stable JSON: schema, tool, version, host, started, seconds, level, manifest, results, summary."""
+    document = {
+        "schema": JSON_SCHEMA,
+        "tool": "sm120check doctor",
+        "version": info.version,
+        "host": info.host,
+        "started": info.started,
+        "seconds": round(info.seconds, 4),
+        "level": info.level,
+        "manifest": info.manifest or None,
+        "results": [result_dict(r) for r in results],
+        "summary": counts(results),
+    }
+    return json.dumps(document, indent=2, default=str) + "\n"
+
+
+def to_junit(results: Sequence[Result], info: RunInfo) -> str:
+    """JUnit XML for CI: fail -> <failure>, skip -> <skipped>, warn passes with the warning in system-out."""
+    tally = counts(results)
+    suite = ET.Element(
+        "testsuite",
+        name="sm120check.doctor",
+        tests=str(tally["total"]),
+        failures=str(tally["fail"]),
+        errors="0",
+        skipped=str(tally["skip"]),
+        time=f"{info.seconds:.3f}",
+        timestamp=info.started,
+        hostname=info.host,
+    )
+    for result in results:
+        case = ET.SubElement(
+            suite, "testcase", classname=f"sm120check.{result.family or 'doctor'}", name=result.id,
+            time=f"{result.seconds:.3f}",
+        )
+        evidence = "\n".join(t for t in (result.details, f"remedy: {result.remedy}" if result.remedy else "") if t)
+        if result.status is Status.FAIL:
+            ET.SubElement(case, "failure", message=result.summary, type="fail").text = evidence
+        elif result.status is Status.SKIP:
+            ET.SubElement(case, "skipped", message=result.summary)
+        elif result.status is Status.WARN:
+            ET.SubElement(case, "system-out").text = f"WARN: {result.summary}\n{evidence}".rstrip()
+    root = ET.Element("testsuites", name="sm120check", tests=str(tally["total"]), failures=str(tally["fail"]))
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+_METRIC_KEY = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _numbers(data: Mapping[str, object], prefix: str = "") -> list[tuple[str, float]]:
+    """Numeric leaves of a result's data (bools as 0/1, nested mappings joined with '.')."""
+    found: list[tuple[str, float]] = []
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, bool):
+            found.append((name, 1.0 if value else 0.0))
+        elif isinstance(value, (int, float)) and math.isfinite(value):
+            found.append((name, float(value)))
+        elif isinstance(value, Mapping):
+            found.extend(_numbers(value, f"{name}."))
+    return found
+
+
+def to_prometheus(results: Sequence[Result], info: RunInfo) -> str:
+    """A node_exporter textfile: one-hot status per check, durations, numeric measured data."""
+    out = [
+        "# HELP sm120check_check_status Doctor verdict of a check: 1 for its status, 0 for the others.",
+        "# TYPE sm120check_check_status gauge",
+    ]
+    for result in results:
+        for status in Status:
+            value = 1 if result.status is status else 0
+            out.append(
+                f'sm120check_check_status{{check="{_label(result.id)}",family="{_label(result.family)}",'
+                f'status="{status.value}"}} {value}'
+            )
+    out += [
+        "# HELP sm120check_check_duration_seconds Wall time of a check.",
+        "# TYPE sm120check_check_duration_seconds gauge",
+    ]
+    out += [f'sm120check_check_duration_seconds{{check="{_label(r.id)}"}} {r.seconds:.6f}' for r in results]
+    out += [
+        "# HELP sm120check_check_data Numeric evidence measured by a check (key names the measurement).",
+        "# TYPE sm120check_check_data gauge",
+    ]
+    for result in results:
+        for key, value in _numbers(result.data):
+            out.append(f'sm120check_check_data{{check="{_label(result.id)}",key="{_label(key)}"}} {value:g}')
+    tally = counts(results)
+    out += [
+        "# HELP sm120check_checks Checks of the last doctor run by status.",
+        "# TYPE sm120check_checks gauge",
+    ]
+    out += [f'sm120check_checks{{status="{s.value}"}} {tally[s.value]}' for s in Status]
+    out += [
+        "# HELP sm120check_last_run_timestamp_seconds When the last doctor run started (Unix time).",
+        "# TYPE sm120check_last_run_timestamp_seconds gauge",
+        f"sm120check_last_run_timestamp_seconds {info.started_epoch:.3f}",
+        "# HELP sm120check_run_duration_seconds Wall time of the last doctor run.",
+        "# TYPE sm120check_run_duration_seconds gauge",
+        f"sm120check_run_duration_seconds {info.seconds:.6f}",
+        "# HELP sm120check_info The sm120check version and host of the last run.",
+        "# TYPE sm120check_info gauge",
+        f'sm120check_info{{version="{_label(info.version)}",host="{_label(info.host)}"}} 1',
+    ]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,56 @@
+"""The stack venv the doctor judges: the manifest's `venv`, else the interpreter running the doctor."""
+
+from __future__ import annotations
+
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from sm120check.doctor.model import Context
+
+
+def prefix(ctx: Context) -> Path:
+    if ctx.manifest is not None and ctx.manifest.venv:
+        return Path(ctx.manifest.venv)
+    return Path(sys.prefix)
+
+
+def python(ctx: Context) -> Path:
+    """The stack venv's interpreter (the running one when the venv is the doctor's own)."""
+    venv = prefix(ctx)
+    if venv.resolve() == Path(sys.prefix).resolve():
+        return Path(sys.executable)
+    return venv / "bin" / "python"
+
+
+def site_packages(venv: Path) -> list[Path]:
+    if venv.resolve() == Path(sys.prefix).resolve():
+        return [Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    return sorted(p for p in venv.glob("lib/python3*/site-packages") if p.is_dir())
+
+
+def probe_env() -> dict[str, str]:
+    """Environment for a probe run by another interpreter: it can import this sm120check from source."""
+    import os
+
+    import sm120check
+
+    src = str(Path(sm120check.__file__).resolve().parent.parent)
+    path = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": f"{src}{os.pathsep}{path}" if path else src}
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name: "Flashinfer_Python" -> "flashinfer-python"."""
+    return "-".join(name.lower().replace("_", "-").replace(".", "-").split("-"))
+
+
+def installed(venv: Path) -> dict[str, str]:
+    """Installed distributions of the venv: normalized name -> version (first one on the path wins)."""
+    found: dict[str, str] = {}
+    paths = [str(p) for p in site_packages(venv)]
+    for dist in metadata.distributions(path=paths):
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(normalize(name), dist.version)
+    return found
