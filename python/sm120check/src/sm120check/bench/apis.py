@@ -1,0 +1,183 @@
+"""The three request shapes the bench speaks, and how each one reports the tokens it streamed.
+
+Tokens are counted from what the server says, never one per chunk (a speculative server sends several tokens in
+one chunk): OpenAI `usage.completion_tokens` (per chunk with `continuous_usage_stats`, else in the final usage
+chunk, then spread over the chunks by text length), or SGLang's cumulative `meta_info.completion_tokens`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+
+
+class Api(str, enum.Enum):
+    OPENAI_COMPLETIONS = "openai-completions"
+    OPENAI_CHAT = "openai-chat"
+    SGLANG = "sglang"
+
+
+PATHS = {Api.OPENAI_COMPLETIONS: "/v1/completions", Api.OPENAI_CHAT: "/v1/chat/completions", Api.SGLANG: "/generate"}
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    prompt: str
+    output_len: int
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    model: str = ""
+
+
+def build_body(api: Api, spec: RequestSpec) -> dict[str, object]:
+    if api is Api.SGLANG:
+        sampling: dict[str, object] = {"max_new_tokens": spec.output_len, "temperature": spec.temperature}
+        if spec.ignore_eos:
+            sampling["ignore_eos"] = True
+        return {"text": spec.prompt, "sampling_params": sampling, "stream": True}
+    body: dict[str, object] = {
+        "model": spec.model,
+        "max_tokens": spec.output_len,
+        "temperature": spec.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    if spec.ignore_eos:
+        body["ignore_eos"] = True  # vLLM and SGLang extension: fixed output lengths
+    if api is Api.OPENAI_CHAT:
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else:
+        body["prompt"] = spec.prompt
+    return body
+
+
+class StreamFormatError(ValueError):
+    """An event the bench cannot read (not JSON, or an error object from the server)."""
+
+
+@dataclass
+class StreamTally:
+    """What one streamed response said, chunk by chunk.
+
+    `chunks` holds (arrival time, tokens or None when only text arrived, text length). Cumulative counts from the
+    server fill the token numbers; `finish` spreads a final usage count over chunks that had none.
+    """
+
+    chunks: list[tuple[float, int | None, int]] = field(default_factory=list)
+    counted: int = 0  # tokens accounted to chunks so far from cumulative counts
+    usage_total: int | None = None
+    prompt_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    finish_reason: str | None = None
+    source: str = ""
+    server_lag: list[float] = field(default_factory=list)
+    _sglang_text_len: int = 0
+
+    def add_event(self, api: Api, data: str, now: float) -> bool:
+        """Account one SSE data payload received at `now`; returns True at the end-of-stream marker."""
+        if data == "[DONE]":
+            return True
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise StreamFormatError(f"stream event is not JSON: {data[:120]!r}") from None
+        if not isinstance(event, dict):
+            raise StreamFormatError(f"stream event is not an object: {data[:120]!r}")
+        if "error" in event and not event.get("choices") and "meta_info" not in event:
+            raise StreamFormatError(f"server error in stream: {json.dumps(event['error'])[:300]}")
+        stamp = event.get("sim_ts")
+        if isinstance(stamp, (int, float)):
+            self.server_lag.append(now - float(stamp))
+        if api is Api.SGLANG:
+            self._add_sglang(event, now)
+        else:
+            self._add_openai(api, event, now)
+        return False
+
+    def _add_sglang(self, event: dict[str, object], now: float) -> None:
+        meta = event.get("meta_info")
+        meta = meta if isinstance(meta, dict) else {}
+        text = event.get("text")
+        text_len = len(text) if isinstance(text, str) else 0
+        delta_chars = max(0, text_len - self._sglang_text_len)  # text is cumulative unless incremental streaming
+        self._sglang_text_len = max(self._sglang_text_len, text_len)
+        cum = meta.get("completion_tokens")
+        if isinstance(cum, int):
+            self._cumulative(cum, now, delta_chars, "meta_info")
+        elif delta_chars:
+            self.chunks.append((now, None, delta_chars))
+        for key, attr in (("prompt_tokens", "prompt_tokens"), ("spec_verify_ct", "spec_verify_ct")):
+            value = meta.get(key)
+            if isinstance(value, int):
+                setattr(self, attr, value)
+        finish = meta.get("finish_reason")
+        if isinstance(finish, dict):
+            self.finish_reason = str(finish.get("type", finish))
+        elif isinstance(finish, str):
+            self.finish_reason = finish
+
+    def _add_openai(self, api: Api, event: dict[str, object], now: float) -> None:
+        chars = 0
+        choices = event.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            choice = choices[0]
+            if api is Api.OPENAI_CHAT:
+                delta = choice.get("delta")
+                if isinstance(delta, dict):
+                    for key in ("content", "reasoning_content"):
+                        piece = delta.get(key)
+                        chars += len(piece) if isinstance(piece, str) else 0
+            else:
+                piece = choice.get("text")
+                chars = len(piece) if isinstance(piece, str) else 0
+            if isinstance(choice.get("finish_reason"), str):
+                self.finish_reason = str(choice["finish_reason"])
+        usage = event.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            if isinstance(usage.get("prompt_tokens"), int):
+                self.prompt_tokens = int(usage["prompt_tokens"])
+            cum = int(usage["completion_tokens"])
+            if not choices:  # the final usage-only chunk
+                self.usage_total = cum
+                if self.source == "usage" and cum > self.counted:
+                    self.chunks.append((now, cum - self.counted, 0))
+                    self.counted = cum
+                return
+            self._cumulative(cum, now, chars, "usage")
+        elif chars:
+            self.chunks.append((now, None, chars))
+
+    def _cumulative(self, cum: int, now: float, chars: int, source: str) -> None:
+        self.source = source
+        delta = cum - self.counted
+        if delta > 0 or chars:
+            self.chunks.append((now, max(delta, 0), chars))
+        self.counted = max(self.counted, cum)
+        self.usage_total = self.counted
+
+    def finish(self) -> tuple[list[tuple[float, int]], str]:
+        """Chunks as (time, tokens) and how the tokens were counted; raises when the server gave no counts."""
+        unknown = [i for i, (_, tokens, _) in enumerate(self.chunks) if tokens is None]
+        if not unknown:
+            return [(t, n or 0) for t, n, _ in self.chunks], self.source or "usage"
+        total = self.usage_total
+        if total is None:
+            raise StreamFormatError(
+                "the server streamed text but no token counts (no usage, no meta_info.completion_tokens); "
+                "use --api sglang against SGLang, or a server that honours stream_options.include_usage"
+            )
+        known = sum(n for _, n, _ in self.chunks if n is not None)
+        left = max(0, total - known)
+        chars = [self.chunks[i][2] for i in unknown]
+        total_chars = sum(chars) or 1
+        shares = [left * c / total_chars for c in chars]
+        floors = [int(s) for s in shares]
+        # largest remainders get the tokens lost to rounding, so the sum stays exact
+        order = sorted(range(len(shares)), key=lambda k: shares[k] - floors[k], reverse=True)
+        for k in order[: left - sum(floors)]:
+            floors[k] += 1
+        result = [(t, n) for t, n, _ in self.chunks]
+        for k, i in enumerate(unknown):
+            result[i] = (self.chunks[i][0], floors[k])
+        return [(t, n or 0) for t, n in result], "usage-split"

@@ -1,0 +1,56 @@
+"""Prompts for the sweep: a user's file, or synthetic English text of about the asked length.
+
+Every synthetic prompt starts differently so a prefix cache cannot turn the sweep into cache hits. Lengths are in
+words (no tokenizer on a bare node); English text runs at about 1.3 tokens per word for common tokenizers.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+_PASSAGE = str.split(
+    "The operators of a small inference cluster keep a notebook of every change they make to the serving stack. "
+    "Each entry records the driver, the toolkit, the library versions and the measured throughput before and after. "
+    "When a change helps a single user but hurts a busy server they write down both numbers and the load they saw. "
+    "Explain in plain words how batching, memory bandwidth and communication between the cards shape that trade-off, "
+    "and describe what a careful engineer would measure next, step by step, before changing the configuration again."
+)
+
+
+def synthetic_prompts(count: int, words: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        start = rng.randrange(len(_PASSAGE))
+        body = [_PASSAGE[(start + k) % len(_PASSAGE)] for k in range(max(words - 4, 1))]
+        prompts.append(f"Request {i} {rng.randrange(10**6)}: " + " ".join(body))
+    return prompts
+
+
+def load_prompt_file(path: Path) -> list[str]:
+    """One prompt per line; JSONL lines may be {"prompt": ...} or {"text": ...}."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"--prompt-file {path}: {exc.strerror or exc}") from None
+    prompts: list[str] = []
+    for number, line in enumerate(lines, start=1):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"--prompt-file {path}:{number}: bad JSON ({exc})") from None
+            text = data.get("prompt", data.get("text")) if isinstance(data, dict) else None
+            if not isinstance(text, str):
+                raise ValueError(f'--prompt-file {path}:{number}: JSON lines need a "prompt" or "text" string')
+            prompts.append(text)
+        else:
+            prompts.append(line)
+    if not prompts:
+        raise ValueError(f"--prompt-file {path} holds no prompts (one per line, or JSONL with a prompt field)")
+    return prompts

@@ -1,0 +1,162 @@
+"""One JSONL line per concurrency level: what `bench` appends and what `crossover` reads back."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sm120check.bench.stats import Dist
+
+SCHEMA = "sm120check.bench/1"
+_DISTS = ("per_request_tok_s", "ttft_s", "itl_s", "tpot_s", "e2e_s", "client_wait_s", "server_lag_s")
+
+
+class RecordError(ValueError):
+    """A results file that cannot be used, with the reason and the fix."""
+
+
+@dataclass(frozen=True)
+class LevelSummary:
+    """The measurements of one concurrency level of one run."""
+
+    concurrency: int
+    throughput_tok_s: float  # output tokens received inside the steady window / window length
+    window_s: float
+    output_tokens: int  # inside the window
+    requests: int  # measured (not warm-up) requests that finished, errors included
+    errors: int
+    label: str = ""
+    run_id: str = ""
+    window_valid: bool = True
+    per_request_tok_s: Dist | None = None
+    ttft_s: Dist | None = None
+    itl_s: Dist | None = None
+    tpot_s: Dist | None = None
+    e2e_s: Dist | None = None
+    client_wait_s: Dist | None = None
+    server_lag_s: Dist | None = None
+    accept_length: float | None = None
+    accept_source: str = ""
+    token_source: str = ""
+    error_samples: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    meta: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def avg_latency_s(self) -> float:
+        return self.e2e_s.mean if self.e2e_s else math.nan
+
+    @property
+    def per_request_mean(self) -> float:
+        return self.per_request_tok_s.mean if self.per_request_tok_s else math.nan
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "schema": SCHEMA,
+            "label": self.label,
+            "run_id": self.run_id,
+            "concurrency": self.concurrency,
+            "throughput_tok_s": round(self.throughput_tok_s, 4),
+            "window_s": round(self.window_s, 6),
+            "window_valid": self.window_valid,
+            "output_tokens": self.output_tokens,
+            "requests": self.requests,
+            "errors": self.errors,
+        }
+        for name in _DISTS:
+            dist: Dist | None = getattr(self, name)
+            out[name] = dist.to_json() if dist else None
+        out.update(
+            accept_length=None if self.accept_length is None else round(self.accept_length, 4),
+            accept_source=self.accept_source,
+            token_source=self.token_source,
+            error_samples=list(self.error_samples),
+            warnings=list(self.warnings),
+        )
+        out.update(self.meta)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object], where: str) -> LevelSummary:
+        if data.get("schema") != SCHEMA:
+            raise RecordError(f"{where}: not an sm120check bench record (schema {data.get('schema')!r}, want {SCHEMA})")
+        try:
+            concurrency = int(str(data["concurrency"]))
+            throughput = float(str(data["throughput_tok_s"]))
+        except (KeyError, ValueError) as exc:
+            raise RecordError(f"{where}: record lacks a usable {exc} field") from None
+        if concurrency < 1 or not math.isfinite(throughput) or throughput < 0:
+            raise RecordError(f"{where}: concurrency {concurrency} / throughput {throughput} out of range")
+        known = {"schema", "label", "run_id", "concurrency", "throughput_tok_s", "window_s", "window_valid"}
+        known |= {"output_tokens", "requests", "errors", "accept_length", "accept_source", "token_source"}
+        known |= {"error_samples", "warnings", *_DISTS}
+        accept = data.get("accept_length")
+        return cls(
+            concurrency=concurrency,
+            throughput_tok_s=throughput,
+            window_s=float(str(data.get("window_s", 0.0))),
+            output_tokens=int(str(data.get("output_tokens", 0))),
+            requests=int(str(data.get("requests", 0))),
+            errors=int(str(data.get("errors", 0))),
+            label=str(data.get("label", "")),
+            run_id=str(data.get("run_id", "")),
+            window_valid=bool(data.get("window_valid", True)),
+            accept_length=float(accept) if isinstance(accept, (int, float)) else None,
+            accept_source=str(data.get("accept_source", "")),
+            token_source=str(data.get("token_source", "")),
+            error_samples=tuple(str(s) for s in _as_list(data.get("error_samples"))),
+            warnings=tuple(str(s) for s in _as_list(data.get("warnings"))),
+            meta={k: v for k, v in data.items() if k not in known},
+            **{name: Dist.from_json(data.get(name)) for name in _DISTS},
+        )
+
+
+def _as_list(value: object) -> list[object]:
+    return list(value) if isinstance(value, list) else []
+
+
+def append_jsonl(path: Path, summaries: Iterable[LevelSummary]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        for summary in summaries:
+            fh.write(json.dumps(summary.to_json(), sort_keys=False) + "\n")
+
+
+def read_jsonl(path: Path) -> list[LevelSummary]:
+    """Every bench record in a JSONL file; raises RecordError naming the file and line for bad input."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RecordError(f"cannot read {path}: {exc.strerror or exc}") from None
+    records: list[LevelSummary] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            data = json.loads(line)
+        except ValueError as exc:
+            raise RecordError(f"{where}: not JSON ({exc}); each line must be one `sm120check bench` record") from None
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: a JSON {type(data).__name__}, not a bench record object")
+        records.append(LevelSummary.from_json(data, where))
+    if not records:
+        raise RecordError(f"{path} holds no bench records; write some with `sm120check bench ... --out {path}`")
+    return records
+
+
+def seed_table(summaries: Iterable[LevelSummary]) -> str:
+    """The sweep as the seed account printed it: concurrency, throughput, per-request tok/s, mean latency."""
+    lines = ["| Concurrency | Throughput (tok/s) | Per-Req (tok/s) | Avg Latency (s) |", "|---|---|---|---|"]
+    for s in sorted(summaries, key=lambda s: s.concurrency):
+        lines.append(
+            f"| {s.concurrency} | {_fmt(s.throughput_tok_s)} | {_fmt(s.per_request_mean)} | {_fmt(s.avg_latency_s)} |"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(value: float, digits: int = 1) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.{digits}f}"

@@ -1,0 +1,272 @@
+"""Closed-loop load at a fixed concurrency: C workers, each with its own connection, always one request in flight.
+
+Measurement follows the usual pitfalls' cures: each worker's first requests are warm-up; the steady window opens
+when the last worker finished its warm-up and closes when the first worker runs out of work (or at the duration's
+end), so neither the synchronized start nor the drain tail (fewer than C in flight) is measured. Throughput is the
+tokens that arrived inside the window over its length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sm120check.bench.apis import PATHS, Api, RequestSpec, StreamFormatError, StreamTally, build_body
+from sm120check.bench.http import Connection, Endpoint, HttpError
+from sm120check.bench.records import LevelSummary
+from sm120check.bench.stats import Dist
+from sm120check.bench.wire import SseDecoder, WireError
+
+_MAX_ERROR_SAMPLES = 5
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    concurrency: int
+    requests: int | None = None  # measured requests at this level; None with a duration
+    duration: float | None = None  # seconds of steady window; None with a request count
+    warmup: int = 1  # requests per worker before measuring
+    request_timeout: float = 600.0
+    level_timeout: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency {self.concurrency} must be at least 1")
+        if (self.requests is None) == (self.duration is None):
+            raise ValueError("give exactly one of a request count or a duration per level")
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    warmup: bool
+    scheduled: float  # the worker was ready to send
+    sent: float  # the request was on the wire
+    end: float
+    first: float | None = None  # first chunk that carried tokens
+    chunks: tuple[tuple[float, int], ...] = ()
+    error: str = ""
+    prompt_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    token_source: str = ""
+    server_lag: tuple[float, ...] = ()
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.chunks)
+
+
+@dataclass
+class _LevelState:
+    remaining: int | None
+    warm_left: int
+    t0: float | None = None
+    t1: float | None = None
+    deadline: float | None = None
+    records: list[RequestRecord] = field(default_factory=list)
+
+
+async def one_request(conn: Connection, api: Api, spec: RequestSpec, warmup: bool, timeout: float) -> RequestRecord:
+    """Send one streaming request and tally its chunks; failures come back as a record with `error` set."""
+    scheduled = time.perf_counter()
+    sent = [scheduled]
+    tally = StreamTally()
+
+    async def stream() -> str:
+        response = await conn.request("POST", PATHS[api], build_body(api, spec), stream=True)
+        sent[0] = conn.sent_at
+        if response.status != 200:
+            body = (await response.read())[:300].decode("utf-8", errors="replace")
+            return f"HTTP {response.status}: {body}"
+        decoder = SseDecoder()
+        async for data in response.iter_body():
+            now = time.perf_counter()
+            for event in decoder.feed(data):
+                tally.add_event(api, event, now)
+        for event in decoder.flush():
+            tally.add_event(api, event, time.perf_counter())
+        return ""
+
+    try:
+        error = await asyncio.wait_for(stream(), timeout)
+        chunks, source = tally.finish() if not error else ([], "")
+    except (HttpError, WireError, StreamFormatError) as exc:
+        error, chunks, source = str(exc), [], ""
+    except asyncio.TimeoutError:
+        error, chunks, source = f"timed out after {timeout:g} s", [], ""
+    end = time.perf_counter()
+    if error:
+        await conn.close()
+        return RequestRecord(warmup, scheduled, sent[0], end, error=error)
+    first = next((t for t, n in chunks if n > 0), None)
+    return RequestRecord(
+        warmup,
+        scheduled,
+        sent[0],
+        end,
+        first,
+        tuple(chunks),
+        "" if first is not None else "the response carried no tokens",
+        tally.prompt_tokens,
+        tally.spec_verify_ct,
+        source,
+        tuple(tally.server_lag),
+    )
+
+
+async def run_level(
+    endpoint: Endpoint,
+    api: Api,
+    plan: LevelPlan,
+    make_spec: Callable[[int], RequestSpec],
+    headers: dict[str, str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    progress_every: float = 5.0,
+) -> tuple[list[RequestRecord], float | None, float | None, bool]:
+    """Run one level; returns the records, the window's start and end, and whether the level timed out."""
+    c = plan.concurrency
+    state = _LevelState(remaining=plan.requests, warm_left=c)
+    counter = iter(range(1 << 62))
+
+    async def worker() -> None:
+        conn = Connection(endpoint, headers)
+        try:
+            for _ in range(plan.warmup):
+                state.records.append(await one_request(conn, api, make_spec(next(counter)), True, plan.request_timeout))
+            state.warm_left -= 1
+            if state.warm_left == 0:
+                state.t0 = time.perf_counter()
+                if plan.duration is not None:
+                    state.deadline = state.t0 + plan.duration
+            while True:
+                if state.remaining is not None:
+                    if state.remaining <= 0:
+                        break
+                    state.remaining -= 1
+                elif state.deadline is not None and time.perf_counter() >= state.deadline:
+                    break
+                record = await one_request(conn, api, make_spec(next(counter)), False, plan.request_timeout)
+                state.records.append(record)
+            if state.t1 is None:
+                state.t1 = state.deadline if state.deadline is not None else time.perf_counter()
+        finally:
+            await conn.close()
+
+    async def reporter() -> None:
+        start = time.perf_counter()
+        while progress is not None:
+            await asyncio.sleep(progress_every)
+            done = [r for r in state.records if not r.warmup]
+            errors = sum(1 for r in done if r.error)
+            total = plan.requests if plan.requests is not None else "?"
+            progress(
+                f"  C={c}: {len(done)}/{total} requests done, {errors} errors, "
+                f"{time.perf_counter() - start:.0f} s elapsed"
+            )
+
+    tasks = [asyncio.ensure_future(worker()) for _ in range(c)]
+    report = asyncio.ensure_future(reporter())
+    done, pending = await asyncio.wait(tasks, timeout=plan.level_timeout)
+    report.cancel()
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]  # a bug in the worker, not a server failure
+    return state.records, state.t0, state.t1, bool(pending)
+
+
+def summarize(
+    concurrency: int,
+    records: Sequence[RequestRecord],
+    t0: float | None,
+    t1: float | None,
+    timed_out: bool = False,
+) -> LevelSummary:
+    """Reduce a level's request records to the numbers a user reads (see the module docstring for the window)."""
+    warnings: list[str] = []
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if not r.error]
+    errors = [r for r in measured if r.error]
+    window_valid = t0 is not None and t1 is not None and t1 > t0
+    if timed_out:
+        warnings.append("the level hit --level-timeout; its numbers cover what finished")
+    if window_valid:
+        assert t0 is not None and t1 is not None
+        lo, hi = t0, t1
+        steady = [r for r in ok if r.scheduled >= lo and r.end <= hi]
+        if not steady:
+            warnings.append(
+                f"no request ran wholly inside the steady window at C={concurrency}; latency covers all measured "
+                "requests - raise --requests-per-level or --duration"
+            )
+            steady = ok
+    else:
+        warnings.append(
+            f"no steady window at C={concurrency} (a worker ran out of work before all finished warm-up); "
+            "throughput covers all measured requests - raise --requests-per-level to several times C"
+        )
+        steady = ok
+        lo = min((r.scheduled for r in ok), default=0.0)
+        hi = max((r.end for r in ok), default=0.0)
+    window = max(hi - lo, 0.0)
+    in_window = sum(n for r in records if not r.error for t, n in r.chunks if lo <= t < hi)
+    throughput = in_window / window if window > 0 else 0.0
+
+    ttft = [r.first - r.scheduled for r in steady if r.first is not None]
+    e2e = [r.end - r.scheduled for r in steady]
+    per_req = [r.tokens / (r.end - r.scheduled) for r in steady if r.end > r.scheduled]
+    tpot = [(r.end - r.first) / (r.tokens - 1) for r in steady if r.first is not None and r.tokens > 1]
+    itl: list[float] = []
+    for r in steady:
+        prev = r.first
+        for t, n in r.chunks:
+            if prev is not None and t > prev and n > 0:
+                itl.extend([(t - prev) / n] * n)  # a chunk of n tokens: n gaps of equal share
+                prev = t
+    accept, accept_source = _accept_length(steady)
+    sources = sorted({r.token_source for r in ok if r.token_source})
+    samples: list[str] = []
+    for r in errors:
+        if r.error not in samples:
+            samples.append(r.error)
+        if len(samples) >= _MAX_ERROR_SAMPLES:
+            break
+    return LevelSummary(
+        concurrency=concurrency,
+        throughput_tok_s=throughput,
+        window_s=window,
+        output_tokens=in_window,
+        requests=len(measured),
+        errors=len(errors),
+        window_valid=window_valid,
+        per_request_tok_s=Dist.of(per_req),
+        ttft_s=Dist.of(ttft),
+        itl_s=Dist.of(itl),
+        tpot_s=Dist.of(tpot),
+        e2e_s=Dist.of(e2e),
+        client_wait_s=Dist.of(r.sent - r.scheduled for r in steady),
+        server_lag_s=Dist.of(lag for r in steady for lag in r.server_lag),
+        accept_length=accept,
+        accept_source=accept_source,
+        token_source="+".join(sources),
+        error_samples=tuple(samples),
+        warnings=tuple(warnings),
+    )
+
+
+def _accept_length(records: Sequence[RequestRecord]) -> tuple[float | None, str]:
+    """Tokens per verify step from SGLang's per-request meta_info (completion_tokens / spec_verify_ct)."""
+    tokens = verify = 0
+    for r in records:
+        if r.spec_verify_ct:
+            tokens += r.tokens
+            verify += r.spec_verify_ct
+    if verify == 0:
+        return None, ""
+    value = tokens / verify
+    return (value, "meta_info.spec_verify_ct") if math.isfinite(value) else (None, "")

@@ -1,0 +1,379 @@
+"""A simulated LLM server whose speculation crossover is known: for testing `bench` and `crossover` without a GPU.
+
+It speaks the APIs the bench uses (OpenAI completions and chat with SSE and usage, SGLang /generate with
+meta_info, /get_server_info, /v1/models, /health) on 127.0.0.1, and produces tokens with a discrete-event model of
+continuous batching: every step serves all running requests (up to `max_batch`); a plain step takes a + b*B seconds
+and gives each request one token, a speculative verify step takes c + d*B seconds and gives each request tau tokens
+on average (floor or ceil of tau at random). Throughputs are B/(a+bB) and tau*B/(c+dB), so speculation wins below
+
+    B* = (tau*a - c) / (d - tau*b)
+
+and loses above it. Steps follow an absolute schedule (each ends at the previous end plus its duration), so the
+Python overhead of serving a step does not stretch the simulated time unless the process is saturated.
+
+    python -m sm120check.bench.simserver --mode spec --port 30000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import random
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+_WRITE_HIGH_WATER = 256 * 1024
+
+
+@dataclass(frozen=True)
+class SimModel:
+    mode: str = "plain"  # "plain" or "spec"
+    a: float = 0.010  # plain step: a + b*B seconds
+    b: float = 0.0004
+    c: float = 0.013  # speculative verify step: c + d*B seconds
+    d: float = 0.0012
+    tau: float = 2.0  # mean tokens accepted per request per verify step
+    max_batch: int = 4096
+    seed: int = 0
+    num_steps: int = 3  # reported as speculative_num_steps
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("plain", "spec"):
+            raise ValueError(f"mode {self.mode!r} must be 'plain' or 'spec'")
+        if min(self.a, self.b, self.c, self.d) < 0 or self.tau < 1 or self.max_batch < 1:
+            raise ValueError("step times must be >= 0, tau >= 1 and max_batch >= 1")
+
+    def step_time(self, batch: int) -> float:
+        return self.a + self.b * batch if self.mode == "plain" else self.c + self.d * batch
+
+    def throughput(self, batch: int) -> float:
+        """Output tokens per second with `batch` requests always running (the analytic curve)."""
+        step = self.step_time(batch)
+        per_step = batch if self.mode == "plain" else batch * self.tau
+        return per_step / step if step > 0 else math.inf
+
+    def true_crossover(self) -> float | None:
+        """Batch size where speculation stops paying, or None if it always (or never) pays."""
+        num, den = self.tau * self.a - self.c, self.d - self.tau * self.b
+        if num <= 0 or den <= 0:
+            return None
+        return num / den
+
+
+@dataclass
+class _Seq:
+    writer: asyncio.StreamWriter
+    api: str
+    output_len: int
+    prompt_tokens: int
+    rid: str
+    model: str
+    include_usage: bool
+    continuous_usage: bool
+    done: asyncio.Future[None]
+    produced: int = 0
+    verify_ct: int = 0
+    text_len: int = 0
+
+
+@dataclass
+class _Stats:
+    accepted_tokens: int = 0
+    verify_steps: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class SimServer:
+    def __init__(self, model: SimModel, model_name: str = "sim-model") -> None:
+        self.model = model
+        self.model_name = model_name
+        self._waiting: deque[_Seq] = deque()
+        self._running: list[_Seq] = []
+        self._wake = asyncio.Event()
+        self._rng = random.Random(model.seed)
+        self._stats = _Stats()
+        self._server: asyncio.AbstractServer | None = None
+        self._engine: asyncio.Task[None] | None = None
+        self._ids = 0
+        self.steps = 0
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        self._server = await asyncio.start_server(self._handle, host, port, backlog=4096)
+        self._engine = asyncio.ensure_future(self._run_engine())
+        sock = self._server.sockets[0]
+        return int(sock.getsockname()[1])
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            self._engine.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._engine
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    # -- the engine ---------------------------------------------------------------------------------------------
+    async def _run_engine(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_start: float | None = None
+        while True:
+            if not self._waiting and not self._running:
+                self._wake.clear()
+                await self._wake.wait()
+                next_start = None
+            while self._waiting and len(self._running) < self.model.max_batch:
+                self._running.append(self._waiting.popleft())
+            batch = len(self._running)
+            duration = self.model.step_time(batch)
+            now = loop.time()
+            start = now if next_start is None or now - next_start > duration else next_start
+            end = start + duration
+            await asyncio.sleep(max(0.0, end - loop.time()))
+            next_start = end
+            self._step()
+            await self._drain()
+
+    def _step(self) -> None:
+        self.steps += 1
+        spec = self.model.mode == "spec"
+        base, frac = int(self.model.tau), self.model.tau - int(self.model.tau)
+        stamp = time.monotonic()
+        still: list[_Seq] = []
+        for seq in self._running:
+            if seq.writer.is_closing():
+                if not seq.done.done():
+                    seq.done.set_result(None)
+                continue
+            n = base + (1 if self._rng.random() < frac else 0) if spec else 1
+            n = min(n, seq.output_len - seq.produced)
+            seq.produced += n
+            if spec:
+                seq.verify_ct += 1
+                self._stats.verify_steps += 1
+                self._stats.accepted_tokens += n
+            finished = seq.produced >= seq.output_len
+            seq.writer.write(_frame(self._event(seq, n, finished, stamp)))
+            if finished:
+                self._finish(seq)
+            else:
+                still.append(seq)
+        self._running = still
+
+    async def _drain(self) -> None:
+        for seq in self._running:
+            transport = seq.writer.transport
+            if not transport.is_closing() and transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
+                with contextlib.suppress(ConnectionError):
+                    await seq.writer.drain()
+        if not self._running:
+            await asyncio.sleep(0)
+
+    def _event(self, seq: _Seq, n: int, finished: bool, stamp: float) -> dict[str, object]:
+        piece = " tok" * n
+        seq.text_len += len(piece)
+        reason = "length" if finished else None
+        if seq.api == "sglang":
+            meta: dict[str, object] = {
+                "id": seq.rid,
+                "prompt_tokens": seq.prompt_tokens,
+                "completion_tokens": seq.produced,
+                "finish_reason": {"type": "length", "length": seq.output_len} if finished else None,
+            }
+            if self.model.mode == "spec":
+                meta["spec_verify_ct"] = seq.verify_ct
+            return {"text": " tok" * seq.produced, "meta_info": meta, "index": 0, "sim_ts": stamp}
+        if seq.api == "chat":
+            choice: dict[str, object] = {"index": 0, "delta": {"content": piece}, "finish_reason": reason}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": reason}
+            obj = "text_completion"
+        event: dict[str, object] = {"id": seq.rid, "object": obj, "model": seq.model, "choices": [choice]}
+        event["usage"] = self._usage(seq) if seq.continuous_usage else None
+        event["sim_ts"] = stamp
+        return event
+
+    def _usage(self, seq: _Seq) -> dict[str, int]:
+        return {
+            "prompt_tokens": seq.prompt_tokens,
+            "completion_tokens": seq.produced,
+            "total_tokens": seq.prompt_tokens + seq.produced,
+        }
+
+    def _finish(self, seq: _Seq) -> None:
+        if seq.api != "sglang" and seq.include_usage:
+            obj = "chat.completion.chunk" if seq.api == "chat" else "text_completion"
+            final = {"id": seq.rid, "object": obj, "model": seq.model, "choices": [], "usage": self._usage(seq)}
+            seq.writer.write(_frame(final))
+        seq.writer.write(_frame_raw(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        if not seq.done.done():
+            seq.done.set_result(None)
+
+    # -- HTTP -----------------------------------------------------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                request_line = await reader.readline()
+                if not request_line:
+                    break
+                headers: dict[str, str] = {}
+                while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = line.decode("latin-1").partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+                parts = request_line.decode("latin-1").split()
+                if len(parts) < 2:
+                    _respond(writer, 400, {"error": "bad request line"})
+                    break
+                await self._route(parts[0], parts[1].split("?", 1)[0], body, writer)
+                if headers.get("connection", "").lower() == "close":
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def _route(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter) -> None:
+        if method == "GET" and path in ("/health", "/health_generate"):
+            _respond(writer, 200, None)
+        elif method == "GET" and path in ("/get_server_info", "/server_info"):
+            _respond(writer, 200, self._server_info())
+        elif method == "GET" and path == "/v1/models":
+            _respond(writer, 200, {"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
+        elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions", "/generate"):
+            await self._generate(path, body, writer)
+        else:
+            _respond(writer, 404, {"error": {"message": f"no route {method} {path}"}})
+
+    def _server_info(self) -> dict[str, object]:
+        spec = self.model.mode == "spec"
+        accept = self._stats.accepted_tokens / self._stats.verify_steps if self._stats.verify_steps else None
+        return {
+            "model_path": self.model_name,
+            "version": "sim",
+            "tp_size": 1,
+            "speculative_algorithm": "EAGLE3" if spec else None,
+            "speculative_num_steps": self.model.num_steps if spec else None,
+            "speculative_eagle_topk": 1 if spec else None,
+            "speculative_num_draft_tokens": self.model.num_steps + 1 if spec else None,
+            "max_running_requests": self.model.max_batch,
+            "sim_model": {k: getattr(self.model, k) for k in ("mode", "a", "b", "c", "d", "tau", "max_batch")},
+            "internal_states": [{"avg_spec_accept_length": accept, "last_gen_throughput": 0.0}],
+        }
+
+    async def _generate(self, path: str, body: bytes, writer: asyncio.StreamWriter) -> None:
+        try:
+            req = json.loads(body)
+            if not isinstance(req, dict):
+                raise ValueError("body is not an object")
+        except ValueError as exc:
+            _respond(writer, 400, {"error": {"message": f"bad JSON: {exc}"}})
+            return
+        if not req.get("stream"):
+            _respond(writer, 400, {"error": {"message": "the simulator only streams: set stream to true"}})
+            return
+        if path == "/generate":
+            api = "sglang"
+            params = req.get("sampling_params") or {}
+            output_len = params.get("max_new_tokens", 128) if isinstance(params, dict) else 128
+            prompt = req.get("text", "")
+        else:
+            api = "chat" if path.endswith("chat/completions") else "completions"
+            output_len = req.get("max_completion_tokens") or req.get("max_tokens") or 128
+            prompt = req.get("prompt", "") if api == "completions" else json.dumps(req.get("messages", ""))
+        options = req.get("stream_options") or {}
+        if not isinstance(output_len, int) or output_len < 1:
+            _respond(writer, 400, {"error": {"message": f"bad output length {output_len!r}"}})
+            return
+        self._ids += 1
+        prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+        seq = _Seq(
+            writer=writer,
+            api=api,
+            output_len=output_len,
+            prompt_tokens=prompt_tokens,
+            rid=f"sim-{self._ids}",
+            model=str(req.get("model") or self.model_name),
+            include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+            continuous_usage=bool(isinstance(options, dict) and options.get("continuous_usage_stats")),
+            done=asyncio.get_running_loop().create_future(),
+        )
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
+        )
+        if api == "chat":
+            role: dict[str, object] = {"id": seq.rid, "object": "chat.completion.chunk", "model": seq.model}
+            role["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+            writer.write(_frame(role))
+        self._waiting.append(seq)
+        self._wake.set()
+        await seq.done
+
+
+def _frame(event: Mapping[str, object]) -> bytes:
+    return _frame_raw(b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
+
+
+def _frame_raw(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _respond(writer: asyncio.StreamWriter, status: int, body: object) -> None:
+    payload = b"" if body is None else json.dumps(body).encode()
+    reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
+    writer.write(
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        f"Connection: keep-alive\r\n\r\n".encode()
+        + payload
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sm120check.bench.simserver", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("plain", "spec"), default="plain")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
+    parser.add_argument("--a-ms", type=float, default=10.0, help="plain step fixed cost (ms)")
+    parser.add_argument("--b-ms", type=float, default=0.4, help="plain step cost per running request (ms)")
+    parser.add_argument("--c-ms", type=float, default=13.0, help="verify step fixed cost (ms)")
+    parser.add_argument("--d-ms", type=float, default=1.2, help="verify step cost per running request (ms)")
+    parser.add_argument("--tau", type=float, default=2.0, help="mean accepted tokens per verify step")
+    parser.add_argument("--max-batch", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-seconds", type=float, default=3600.0, help="exit after this long (a bound, not a hang)")
+    args = parser.parse_args(argv)
+    try:
+        model = SimModel(
+            args.mode, args.a_ms / 1e3, args.b_ms / 1e3, args.c_ms / 1e3, args.d_ms / 1e3, args.tau, args.max_batch
+        )
+        model = SimModel(**{**model.__dict__, "seed": args.seed})
+    except ValueError as exc:
+        parser.error(str(exc))
+    return asyncio.run(_serve(model, args.port, args.max_seconds))
+
+
+async def _serve(model: SimModel, port: int, max_seconds: float) -> int:
+    server = SimServer(model)
+    bound = await server.start(port=port)
+    crossover = model.true_crossover()
+    print(f"listening on http://127.0.0.1:{bound} mode={model.mode} true_crossover={crossover}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(stop.wait(), max_seconds)
+    await server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
