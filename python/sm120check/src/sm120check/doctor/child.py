@@ -7,6 +7,7 @@ line of stdout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -66,7 +67,10 @@ def run_probe(
         _kill_group(proc)
         out, err = proc.communicate()
         return ChildOutcome(
-            ok=False, returncode=proc.returncode, timed_out=True, stderr_tail=err[-4000:],
+            ok=False,
+            returncode=proc.returncode,
+            timed_out=True,
+            stderr_tail=err[-4000:],
             seconds=time.monotonic() - start,
         )
     finally:
@@ -86,10 +90,8 @@ def run_probe(
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _last_json(out: str) -> dict[str, object] | None:

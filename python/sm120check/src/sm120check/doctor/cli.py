@@ -27,17 +27,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "Exit 0 when nothing failed, 1 when a check failed, 2 on usage or internal errors.",
     )
     parser.add_argument(
-        "--level", type=int, default=2, choices=(1, 2, 3),
+        "--level",
+        type=int,
+        default=2,
+        choices=(1, 2, 3),
         help="run checks up to this level: 1 static, 2 single-GPU work, 3 multi-GPU communication (default 2)",
     )
-    parser.add_argument("--select", metavar="IDS", default="", help="comma-separated check ids to run (with their prerequisites)")
+    parser.add_argument(
+        "--select", metavar="IDS", default="", help="comma-separated check ids to run (with their prerequisites)"
+    )
     parser.add_argument("--skip", metavar="IDS", default="", help="comma-separated check ids not to run")
     parser.add_argument("--list", action="store_true", help="list the checks with level and description, run nothing")
     parser.add_argument("--json", action="store_true", help="print the JSON report to stdout instead of the table")
     parser.add_argument("--junit", metavar="FILE", type=Path, help="also write a JUnit XML report")
     parser.add_argument("--prometheus", metavar="FILE", type=Path, help="also write a Prometheus textfile")
     parser.add_argument(
-        "--manifest", metavar="PATH", type=Path,
+        "--manifest",
+        metavar="PATH",
+        type=Path,
         help=f"node manifest (default ${manifest.ENV_VAR} or {manifest.DEFAULT_PATH})",
     )
     parser.add_argument("--timeout", metavar="S", type=float, default=120.0, help="hard limit per GPU child process")

@@ -16,7 +16,12 @@ class Driver:
     def __init__(self) -> None:
         self.lib = ctypes.CDLL("libcuda.so.1")
         self.lib.cuLaunchKernel.argtypes = [
-            ctypes.c_void_p, *([ctypes.c_uint] * 6), ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+            ctypes.c_void_p,
+            *([ctypes.c_uint] * 6),
+            ctypes.c_uint,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
         ]
         self.call("cuInit", 0)
 
@@ -63,9 +68,13 @@ class Driver:
                     self.call("cuMemcpyHtoD_v2", ptrs[0], host_x, ctypes.c_size_t(size))
                     self.call("cuMemcpyHtoD_v2", ptrs[1], host_y, ctypes.c_size_t(size))
                     args = [ctypes.c_uint(a), ptrs[0], ptrs[1], ptrs[2], ctypes.c_int(n)]
-                    params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in args))
+                    params = (ctypes.c_void_p * len(args))(
+                        *(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in args)
+                    )
                     block = 256
-                    self.call("cuLaunchKernel", func, (n + block - 1) // block, 1, 1, block, 1, 1, 0, None, params, None)
+                    self.call(
+                        "cuLaunchKernel", func, (n + block - 1) // block, 1, 1, block, 1, 1, 0, None, params, None
+                    )
                     self.call("cuCtxSynchronize")
                     self.call("cuMemcpyDtoH_v2", host_out, ptrs[2], ctypes.c_size_t(size))
                 finally:

@@ -59,7 +59,7 @@ def parse_maps(text: str, stems: Iterable[str] = TRACKED) -> dict[str, list[str]
 
 def same_file(a: str, b: str) -> bool:
     try:
-        return os.path.samefile(a, b)
+        return Path(a).samefile(b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
 

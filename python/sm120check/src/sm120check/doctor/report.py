@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -104,7 +103,10 @@ def to_junit(results: Sequence[Result], info: RunInfo) -> str:
     )
     for result in results:
         case = ET.SubElement(
-            suite, "testcase", classname=f"sm120check.{result.family or 'doctor'}", name=result.id,
+            suite,
+            "testcase",
+            classname=f"sm120check.{result.family or 'doctor'}",
+            name=result.id,
             time=f"{result.seconds:.3f}",
         )
         evidence = "\n".join(t for t in (result.details, f"remedy: {result.remedy}" if result.remedy else "") if t)
@@ -118,9 +120,6 @@ def to_junit(results: Sequence[Result], info: RunInfo) -> str:
     root.append(suite)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
-
-
-_METRIC_KEY = re.compile(r"[^a-zA-Z0-9_]")
 
 
 def _label(value: str) -> str:
@@ -149,10 +148,10 @@ def to_prometheus(results: Sequence[Result], info: RunInfo) -> str:
     ]
     for result in results:
         for status in Status:
-            value = 1 if result.status is status else 0
+            hot = 1 if result.status is status else 0
             out.append(
                 f'sm120check_check_status{{check="{_label(result.id)}",family="{_label(result.family)}",'
-                f'status="{status.value}"}} {value}'
+                f'status="{status.value}"}} {hot}'
             )
     out += [
         "# HELP sm120check_check_duration_seconds Wall time of a check.",

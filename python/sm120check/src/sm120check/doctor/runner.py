@@ -63,9 +63,7 @@ def run(
         start = time.monotonic()
         blocked = _blocked_by(check, ctx)
         result = blocked if blocked is not None else _run_one(check, ctx)
-        result = replace(
-            result, id=check.id, family=check.family, level=check.level, seconds=time.monotonic() - start
-        )
+        result = replace(result, id=check.id, family=check.family, level=check.level, seconds=time.monotonic() - start)
         ctx.results[check.id] = result
         results.append(result)
         if on_result is not None:

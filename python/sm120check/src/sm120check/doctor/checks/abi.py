@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import ClassVar
 
 from sm120check.doctor import loader, remedies, stackenv, versions
@@ -29,7 +30,12 @@ def cuda12_dists(installed: Mapping[str, str]) -> list[str]:
             found.append(f"{name} {version}")
         elif name == "sgl-kernel" and versions.parse(version)[:2] == (0, 3):
             found.append(f"{name} {version} (CUDA 12 build; CUDA 13 is sglang-kernel 0.4.x)")
-        elif name.startswith("nvidia-") and not name.endswith("-cu13") and name not in ("nvidia-ml-py",) and versions.parse(version)[0] == 12:
+        elif (
+            name.startswith("nvidia-")
+            and not name.endswith("-cu13")
+            and name not in ("nvidia-ml-py",)
+            and versions.parse(version)[0] == 12
+        ):
             found.append(f"{name} {version}")
         elif name == "torch" and torch_cuda_major(version) == 12:
             found.append(f"torch {version} (a CUDA 12 build)")
@@ -43,14 +49,18 @@ def wheels_verdict(installed: Mapping[str, str], venv: str) -> Result:
     if bad:
         names = " ".join(b.split()[0] for b in bad if not b.startswith("torch "))
         return Result(
-            "abi_wheels", Status.FAIL, f"CUDA 12 wheels in the CUDA 13 stack venv {venv}: {', '.join(bad)}",
+            "abi_wheels",
+            Status.FAIL,
+            f"CUDA 12 wheels in the CUDA 13 stack venv {venv}: {', '.join(bad)}",
             details="CUDA 12 and 13 wheels in one environment load libnvrtc.so.12 / libcudart.so.12 beside the CUDA 13 "
             "libraries: 'cannot open shared object file' or undefined symbols at import",
             remedy=(f"{venv}/bin/pip uninstall -y {names}; then " if names else "") + remedies.PYTHON_STACK,
             data=data,
         )
     with_torch = f", torch {torch}" if torch else ""
-    return Result("abi_wheels", Status.PASS, f"no CUDA 12 wheels among {len(installed)} distributions{with_torch}", data=data)
+    return Result(
+        "abi_wheels", Status.PASS, f"no CUDA 12 wheels among {len(installed)} distributions{with_torch}", data=data
+    )
 
 
 class AbiWheelsCheck:
@@ -67,7 +77,7 @@ class AbiWheelsCheck:
 
 
 def _soname_major(path: str) -> int | None:
-    tail = os.path.basename(path).split(".so.", 1)
+    tail = Path(path).name.split(".so.", 1)
     return int(tail[1].split(".")[0]) if len(tail) == 2 and tail[1].split(".")[0].isdigit() else None
 
 
@@ -96,21 +106,30 @@ def libs_verdict(
         warnings.append(f"libnccl: {len(nccl_copies)} copies on the loader path: {', '.join(nccl_copies)}")
     for name, directory in want_dirs.items():
         for path in mapped.get(name, []):
-            if directory and os.path.realpath(os.path.dirname(path)) != os.path.realpath(directory):
-                warnings.append(f"{name}: mapped from {os.path.dirname(path)}, the manifest says {directory}")
+            if directory and not loader.same_file(str(Path(path).parent), directory):
+                warnings.append(f"{name}: mapped from {Path(path).parent}, the manifest says {directory}")
     shown = "; ".join(f"{k} {', '.join(v)}" for k, v in sorted(mapped.items()))
     if failures:
         return Result(
-            "abi_libs", Status.FAIL, f"a torch process maps mixed CUDA libraries: {failures[0]}",
-            details="\n".join(failures + warnings), remedy=f"{remedies.PYTHON_STACK} and {remedies.CUDA_ENV}", data=data,
+            "abi_libs",
+            Status.FAIL,
+            f"a torch process maps mixed CUDA libraries: {failures[0]}",
+            details="\n".join(failures + warnings),
+            remedy=f"{remedies.PYTHON_STACK} and {remedies.CUDA_ENV}",
+            data=data,
         )
     if warnings:
         return Result(
-            "abi_libs", Status.WARN, f"a torch process maps libraries other than the node's: {warnings[0]}",
+            "abi_libs",
+            Status.WARN,
+            f"a torch process maps libraries other than the node's: {warnings[0]}",
             details="\n".join([*warnings, f"mapped: {shown}"]),
-            remedy=f"{remedies.CUDA_ENV} (ld.so.conf.d entry + ldconfig) and {remedies.NCCL}", data=data,
+            remedy=f"{remedies.CUDA_ENV} (ld.so.conf.d entry + ldconfig) and {remedies.NCCL}",
+            data=data,
         )
-    return Result("abi_libs", Status.PASS, f"a torch process maps one copy of each: {shown or 'none tracked'}", data=data)
+    return Result(
+        "abi_libs", Status.PASS, f"a torch process maps one copy of each: {shown or 'none tracked'}", data=data
+    )
 
 
 class AbiLibsCheck:

@@ -30,7 +30,13 @@ def proc_driver_version(proc_text: str) -> str:
 
 def gpu_rows(info: nvml_api.NvmlInfo) -> list[dict[str, object]]:
     return [
-        {"index": g.index, "name": g.name, "cc": f"{g.cc[0]}.{g.cc[1]}", "persistence": g.persistence, "bus_id": g.bus_id}
+        {
+            "index": g.index,
+            "name": g.name,
+            "cc": f"{g.cc[0]}.{g.cc[1]}",
+            "persistence": g.persistence,
+            "bus_id": g.bus_id,
+        }
         for g in info.gpus
     ]
 
@@ -47,20 +53,29 @@ def driver_verdict(
     if info is None:
         if proc_text is None:
             return Result(
-                "driver", Status.SKIP, "no NVIDIA driver",
+                "driver",
+                Status.SKIP,
+                "no NVIDIA driver",
                 details=f"{PROC_VERSION} is absent and NVML does not load ({nvml_error})",
                 remedy=remedies.DRIVER,
             )
         return Result(
-            "driver", Status.FAIL, f"the kernel module {proc_driver_version(proc_text)} is loaded but NVML fails",
+            "driver",
+            Status.FAIL,
+            f"the kernel module {proc_driver_version(proc_text)} is loaded but NVML fails",
             details=f"{nvml_error}\n{proc_text.strip().splitlines()[0]}",
             remedy="a driver/library version mismatch: reboot after a driver upgrade, or in a container start it with "
             "the NVIDIA container toolkit (--gpus / --device nvidia.com/gpu=all) so libnvidia-ml.so.1 is injected",
         )
     gpus = gpu_rows(info)
     data: dict[str, object] = {
-        "driver": info.driver, "driver_min": driver_min, "module": flavour or "unknown",
-        "cuda_driver": info.cuda_driver, "gpu_count": len(info.gpus), "gpus": gpus, "nvml": info.backend,
+        "driver": info.driver,
+        "driver_min": driver_min,
+        "module": flavour or "unknown",
+        "cuda_driver": info.cuda_driver,
+        "gpu_count": len(info.gpus),
+        "gpus": gpus,
+        "nvml": info.backend,
     }
     described = ", ".join(f"{g.index}: {g.name} (cc {g.cc[0]}.{g.cc[1]})" for g in info.gpus) or "no GPUs"
     cuda = f"{info.cuda_driver // 1000}.{info.cuda_driver % 1000 // 10}"
@@ -68,25 +83,37 @@ def driver_verdict(
     details = f"minimum {driver_min} ({min_source})" + (f"\n{proc_text.strip().splitlines()[0]}" if proc_text else "")
     if not versions.at_least(info.driver, driver_min):
         return Result(
-            "driver", Status.FAIL, f"driver {info.driver} is older than {driver_min}: {summary}",
-            details=details, remedy=remedies.DRIVER, data=data,
+            "driver",
+            Status.FAIL,
+            f"driver {info.driver} is older than {driver_min}: {summary}",
+            details=details,
+            remedy=remedies.DRIVER,
+            data=data,
         )
     if not info.gpus:
         return Result(
-            "driver", Status.WARN, f"driver {info.driver} is loaded but shows no GPUs",
-            details=details, remedy="check `nvidia-smi`; in a container pass the GPUs (--gpus all)", data=data,
+            "driver",
+            Status.WARN,
+            f"driver {info.driver} is loaded but shows no GPUs",
+            details=details,
+            remedy="check `nvidia-smi`; in a container pass the GPUs (--gpus all)",
+            data=data,
         )
     blackwell = [g for g in info.gpus if g.cc[0] >= 10]
     if blackwell and flavour == "proprietary":
         return Result(
-            "driver", Status.WARN, f"proprietary kernel module with Blackwell GPUs: {summary}",
-            details=details, remedy="Blackwell GPUs need the open kernel modules: " + remedies.DRIVER, data=data,
+            "driver",
+            Status.WARN,
+            f"proprietary kernel module with Blackwell GPUs: {summary}",
+            details=details,
+            remedy="Blackwell GPUs need the open kernel modules: " + remedies.DRIVER,
+            data=data,
         )
     return Result("driver", Status.PASS, summary, details=details, data=data)
 
 
 class DriverCheck:
-    """The NVIDIA driver is loaded, >= the manifest's driver_min, and NVML lists the GPUs with their compute capability."""
+    """The NVIDIA driver is loaded, >= the manifest's driver_min; NVML lists the GPUs and compute capabilities."""
 
     id: ClassVar[str] = "driver"
     family: ClassVar[str] = "driver"
@@ -118,15 +145,21 @@ def nodes_verdict(present: Sequence[str]) -> Result:
     if "nvidiactl" not in names or not gpus:
         missing = [n for n, ok in (("nvidiactl", "nvidiactl" in names), ("nvidia<N>", bool(gpus))) if not ok]
         return Result(
-            "gpu_nodes", Status.FAIL, f"/dev lacks {', '.join('/dev/' + m for m in missing)}: CUDA cannot open the GPUs",
-            remedy="load the driver (`nvidia-modprobe`), or in a container pass the devices (--gpus all)", data=data,
+            "gpu_nodes",
+            Status.FAIL,
+            f"/dev lacks {', '.join('/dev/' + m for m in missing)}: CUDA cannot open the GPUs",
+            remedy="load the driver (`nvidia-modprobe`), or in a container pass the devices (--gpus all)",
+            data=data,
         )
     if "nvidia-uvm" not in names:
         return Result(
-            "gpu_nodes", Status.WARN, "/dev/nvidia-uvm is missing: CUDA initialisation will fail unless it is created",
+            "gpu_nodes",
+            Status.WARN,
+            "/dev/nvidia-uvm is missing: CUDA initialisation will fail unless it is created",
             details="on a host the first CUDA call creates it through the setuid nvidia-modprobe; in a container "
             "it must be passed in",
-            remedy="`nvidia-modprobe -u -c=0` on the host; in a container add --device /dev/nvidia-uvm", data=data,
+            remedy="`nvidia-modprobe -u -c=0` on the host; in a container add --device /dev/nvidia-uvm",
+            data=data,
         )
     return Result("gpu_nodes", Status.PASS, f"/dev/nvidiactl, /dev/nvidia-uvm and {len(gpus)} GPU node(s)", data=data)
 
@@ -150,13 +183,18 @@ def persistence_verdict(gpus: Sequence[dict[str, object]]) -> Result:
     data = {"off": len(off), "unknown": len(unknown)}
     if off:
         return Result(
-            "gpu_persistence", Status.WARN, f"persistence mode is off on GPU {', '.join(off)}",
+            "gpu_persistence",
+            Status.WARN,
+            f"persistence mode is off on GPU {', '.join(off)}",
             details="without it the driver tears GPU state down when the last process exits; every start pays the "
             "initialisation again and a crash can leave GPUs in a slow first-use state",
-            remedy="`nvidia-smi -pm 1` (or enable the nvidia-persistenced service)", data=data,
+            remedy="`nvidia-smi -pm 1` (or enable the nvidia-persistenced service)",
+            data=data,
         )
     if unknown:
-        return Result("gpu_persistence", Status.PASS, f"persistence mode not reported for GPU {', '.join(unknown)}", data=data)
+        return Result(
+            "gpu_persistence", Status.PASS, f"persistence mode not reported for GPU {', '.join(unknown)}", data=data
+        )
     return Result("gpu_persistence", Status.PASS, f"persistence mode on for all {len(gpus)} GPU(s)", data=data)
 
 

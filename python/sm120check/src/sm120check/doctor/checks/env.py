@@ -1,4 +1,4 @@
-"""The CUDA 13 environment: the stack venv's start-up hook runs in a fresh interpreter and sets the manifest's variables."""
+"""The CUDA 13 environment: the stack venv's start-up hook runs in a fresh interpreter and sets the manifest's env."""
 
 from __future__ import annotations
 
@@ -34,7 +34,12 @@ def fresh_interpreter(python: str, drop: Sequence[str], timeout: float) -> tuple
     env = {k: v for k, v in os.environ.items() if k not in set(drop) and k != "SM120KIT_ENV"}
     try:
         proc = subprocess.run(
-            [python, "-c", _PROBE], capture_output=True, text=True, env=env, timeout=timeout, check=False,
+            [python, "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            check=False,
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -59,22 +64,29 @@ def _matches(name: str, want: str, got: str | None) -> bool:
 def env_verdict(
     seen: Mapping[str, object], want: Mapping[str, str], venv_sitecustomize: Sequence[str], pth_files: Sequence[str]
 ) -> Result:
-    """Verdict from a fresh interpreter's report, the manifest's env, sitecustomize.py files and hook .pth files found in the venv."""
+    """Verdict from a fresh interpreter's report, the manifest's env, the venv's sitecustomize.py and .pth files."""
     env = seen.get("env", {})
     env = env if isinstance(env, dict) else {}
     hook = seen.get("hook")
     active_sc = seen.get("sitecustomize")
     data: dict[str, object] = {"hook": hook, "sitecustomize": active_sc, "pth": list(pth_files)}
-    shadowed = [p for p in venv_sitecustomize if not active_sc or os.path.realpath(p) != os.path.realpath(str(active_sc))]
+    shadowed = [
+        p for p in venv_sitecustomize if not active_sc or os.path.realpath(p) != os.path.realpath(str(active_sc))
+    ]
     shadow_note = (
         f"{', '.join(shadowed)} never runs: {active_sc or 'another sitecustomize'} comes first on sys.path"
-        if shadowed else ""
+        if shadowed
+        else ""
     )
     if not hook:
         why = "no hook file" if not pth_files else f"{', '.join(pth_files)} exists but did not import {HOOK_MODULE}"
         return Result(
-            "env", Status.FAIL, f"the {HOOK_MODULE} start-up hook is not active in the stack venv ({why})",
-            details="\n".join(t for t in (shadow_note, f"sitecustomize in use: {active_sc}") if t), remedy=FIX, data=data,
+            "env",
+            Status.FAIL,
+            f"the {HOOK_MODULE} start-up hook is not active in the stack venv ({why})",
+            details="\n".join(t for t in (shadow_note, f"sitecustomize in use: {active_sc}") if t),
+            remedy=FIX,
+            data=data,
         )
     wrong = {k: env.get(k) for k, v in want.items() if not _matches(k, v, env.get(k))}
     data["vars"] = len(want)
@@ -82,13 +94,21 @@ def env_verdict(
     if wrong:
         lines = [f"{k}: wants {want[k]!r}, a fresh interpreter sees {v!r}" for k, v in wrong.items()]
         return Result(
-            "env", Status.FAIL, f"the hook runs but {len(wrong)} variable(s) differ from the manifest: {', '.join(wrong)}",
-            details="\n".join([*lines, shadow_note]).strip(), remedy=FIX, data=data,
+            "env",
+            Status.FAIL,
+            f"the hook runs but {len(wrong)} variable(s) differ from the manifest: {', '.join(wrong)}",
+            details="\n".join([*lines, shadow_note]).strip(),
+            remedy=FIX,
+            data=data,
         )
     if shadowed:
         return Result(
-            "env", Status.WARN, f"hook {hook} sets {len(want)} variable(s), but a venv sitecustomize.py is shadowed",
-            details=shadow_note, remedy=f"delete the dead file; the .pth hook does its job ({remedies.CUDA_ENV})", data=data,
+            "env",
+            Status.WARN,
+            f"hook {hook} sets {len(want)} variable(s), but a venv sitecustomize.py is shadowed",
+            details=shadow_note,
+            remedy=f"delete the dead file; the .pth hook does its job ({remedies.CUDA_ENV})",
+            data=data,
         )
     compared = f"sets the manifest's {len(want)} variable(s)" if want else "is active (no manifest to compare)"
     return Result("env", Status.PASS, f"hook {hook} {compared} in a fresh interpreter", data=data)
@@ -109,15 +129,22 @@ class EnvCheck:
         pth = [str(p / f"{HOOK_MODULE}.pth") for p in sites if (p / f"{HOOK_MODULE}.pth").exists()]
         custom = [str(p / "sitecustomize.py") for p in sites if (p / "sitecustomize.py").exists()]
         if not Path(python).exists():
-            return Result(self.id, Status.FAIL, f"the stack venv's interpreter {python} does not exist",
-                          remedy=f"{remedies.PYTHON_STACK} (sm120kit_venv)")
+            return Result(
+                self.id,
+                Status.FAIL,
+                f"the stack venv's interpreter {python} does not exist",
+                remedy=f"{remedies.PYTHON_STACK} (sm120kit_venv)",
+            )
         seen, error = fresh_interpreter(str(python), list(want), timeout=min(ctx.timeout, 30))
         if seen is None:
             return Result(self.id, Status.FAIL, f"{python} does not start cleanly", details=error, remedy=FIX)
         if not want and not seen.get("hook") and not pth:
             return Result(
-                self.id, Status.WARN, "no manifest and no sm120kit_env hook: the CUDA 13 environment is not set",
-                details=f"sitecustomize in use: {seen.get('sitecustomize')}", remedy=FIX,
+                self.id,
+                Status.WARN,
+                "no manifest and no sm120kit_env hook: the CUDA 13 environment is not set",
+                details=f"sitecustomize in use: {seen.get('sitecustomize')}",
+                remedy=FIX,
             )
         return env_verdict(seen, want, custom, pth)
 

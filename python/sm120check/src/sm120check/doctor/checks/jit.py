@@ -22,7 +22,9 @@ def compile_remedy(code: int) -> str:
     return f"{remedies.CUDA_TOOLKIT} (cuda_toolkit_version: an NVRTC >= 12.9 that knows sm_120f)"
 
 
-def jit_verdict(compiled: Sequence[nvrtc_api.Compiled], launch: Mapping[str, object] | None, launch_problem: str) -> Result:
+def jit_verdict(
+    compiled: Sequence[nvrtc_api.Compiled], launch: Mapping[str, object] | None, launch_problem: str
+) -> Result:
     """Verdict from the three NVRTC compiles and, when there was a GPU, the probe's launch report."""
     data: dict[str, object] = {f"{c.arch}_ms": round(c.seconds * 1000, 1) for c in compiled}
     data.update({f"{c.arch}_cubin_bytes": len(c.cubin) for c in compiled if c.ok})
@@ -30,17 +32,23 @@ def jit_verdict(compiled: Sequence[nvrtc_api.Compiled], launch: Mapping[str, obj
     if failed:
         first = failed[0]
         return Result(
-            "sm120_jit", Status.FAIL,
+            "sm120_jit",
+            Status.FAIL,
             f"NVRTC cannot compile for {', '.join(c.arch for c in failed)}: {first.error}",
-            details=first.log[-2000:], remedy=compile_remedy(first.code), data=data,
+            details=first.log[-2000:],
+            remedy=compile_remedy(first.code),
+            data=data,
         )
     built = f"NVRTC built {', '.join(TARGETS)} cubins"
     if launch is None and not launch_problem:
         return Result("sm120_jit", Status.PASS, f"{built} (no GPU: nothing launched)", data=data)
     if launch is None:
         return Result(
-            "sm120_jit", Status.FAIL, f"{built}, but the GPU launch probe {launch_problem}",
-            remedy="run `python -m sm120check.doctor.probes.jit_launch` by hand to see the error", data=data,
+            "sm120_jit",
+            Status.FAIL,
+            f"{built}, but the GPU launch probe {launch_problem}",
+            remedy="run `python -m sm120check.doctor.probes.jit_launch` by hand to see the error",
+            data=data,
         )
     gpus = launch.get("gpus", [])
     rows = [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
@@ -48,16 +56,23 @@ def jit_verdict(compiled: Sequence[nvrtc_api.Compiled], launch: Mapping[str, obj
     bad = [g for g in rows if not g.get("ok")]
     ran = "; ".join(f"GPU {g.get('gpu')} {g.get('name')} ran {g.get('arch')}" for g in rows if g.get("ok"))
     if bad or not rows:
-        why = "; ".join(f"GPU {g.get('gpu')} ({g.get('arch')}): {g.get('error') or str(g.get('mismatches')) + ' wrong elements'}" for g in bad)
+        why = "; ".join(
+            f"GPU {g.get('gpu')} ({g.get('arch')}): {g.get('error') or str(g.get('mismatches')) + ' wrong elements'}"
+            for g in bad
+        )
         return Result(
-            "sm120_jit", Status.FAIL, f"{built}, but a kernel built for the GPU did not run correctly",
-            details=why or "the probe found no GPU", remedy=remedies.DRIVER, data=data,
+            "sm120_jit",
+            Status.FAIL,
+            f"{built}, but a kernel built for the GPU did not run correctly",
+            details=why or "the probe found no GPU",
+            remedy=remedies.DRIVER,
+            data=data,
         )
     return Result("sm120_jit", Status.PASS, f"{built}; {ran}, result matches the CPU reference", data=data)
 
 
 class Sm120JitCheck:
-    """NVRTC compiles a kernel for sm_120, sm_120a and sm_120f; on each GPU a kernel built for it is loaded, run, checked."""
+    """NVRTC compiles a kernel for sm_120, sm_120a, sm_120f; on each GPU a kernel built for it runs correctly."""
 
     id: ClassVar[str] = "sm120_jit"
     family: ClassVar[str] = "jit"
@@ -68,7 +83,9 @@ class Sm120JitCheck:
         nvrtc = nvrtc_api.Nvrtc.open()
         compiled = [nvrtc.compile(arch) for arch in TARGETS]
         driver = ctx.results.get("driver")
-        has_gpu = driver is not None and driver.status in (Status.PASS, Status.WARN) and bool(driver.data.get("gpu_count"))
+        has_gpu = (
+            driver is not None and driver.status in (Status.PASS, Status.WARN) and bool(driver.data.get("gpu_count"))
+        )
         if any(not c.ok for c in compiled) or not has_gpu:
             return jit_verdict(compiled, None, "")
         args = ["--gpus", ",".join(map(str, ctx.gpus))] if ctx.gpus else []

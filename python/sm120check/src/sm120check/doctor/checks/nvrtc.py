@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check.doctor import nvrtc_api, remedies, stackenv
+from sm120check.doctor import loader, nvrtc_api, remedies, stackenv
 from sm120check.doctor.model import Context, Result, Status
 
 # Where the PyPI CUDA wheels put NVRTC, relative to site-packages (CUDA 13 and CUDA 12 layouts).
@@ -32,8 +31,12 @@ def nvrtc_verdict(
     found = f"copies on disk: {', '.join(copies)}" if copies else "no NVRTC wheel in the stack venv"
     if opened is None:
         return Result(
-            "nvrtc", Status.FAIL, f"{nvrtc_api.SONAME} does not load by soname",
-            details=f"{open_error}\n{found}", remedy=FIX, data=data,
+            "nvrtc",
+            Status.FAIL,
+            f"{nvrtc_api.SONAME} does not load by soname",
+            details=f"{open_error}\n{found}",
+            remedy=FIX,
+            data=data,
         )
     path = opened.path or "(path unknown)"
     data.update(path=path, supported_archs=list(archs))
@@ -45,22 +48,36 @@ def nvrtc_verdict(
         return Result("nvrtc", Status.FAIL, f"{summary} is not CUDA 13", remedy=FIX, data=data)
     if 120 not in archs:
         return Result(
-            "nvrtc", Status.FAIL, f"{summary} cannot target sm_120",
-            details=f"supported: {', '.join(map(str, archs))}", remedy=f"{remedies.CUDA_TOOLKIT} (cuda_toolkit_version)",
+            "nvrtc",
+            Status.FAIL,
+            f"{summary} cannot target sm_120",
+            details=f"supported: {', '.join(map(str, archs))}",
+            remedy=f"{remedies.CUDA_TOOLKIT} (cuda_toolkit_version)",
             data=data,
         )
     if want_version and want_version.split(".")[:2] != [str(version[0]), str(version[1])]:
         return Result(
-            "nvrtc", Status.FAIL, f"{summary}; the manifest pins {want_version}", remedy=FIX, data=data,
+            "nvrtc",
+            Status.FAIL,
+            f"{summary}; the manifest pins {want_version}",
+            remedy=FIX,
+            data=data,
         )
-    if want_lib_dir and opened.path and os.path.realpath(os.path.dirname(opened.path)) != os.path.realpath(want_lib_dir):
+    if want_lib_dir and opened.path and not loader.same_file(str(Path(opened.path).parent), want_lib_dir):
         return Result(
-            "nvrtc", Status.WARN, f"{summary}, not from the manifest's lib_dir {want_lib_dir}",
-            details=f"archs {', '.join(map(str, archs))}; {found}", remedy=FIX, data=data,
+            "nvrtc",
+            Status.WARN,
+            f"{summary}, not from the manifest's lib_dir {want_lib_dir}",
+            details=f"archs {', '.join(map(str, archs))}; {found}",
+            remedy=FIX,
+            data=data,
         )
     return Result(
-        "nvrtc", Status.PASS, f"{summary}, supports sm_120",
-        details=f"archs {', '.join(map(str, archs))}; {found}", data=data,
+        "nvrtc",
+        Status.PASS,
+        f"{summary}, supports sm_120",
+        details=f"archs {', '.join(map(str, archs))}; {found}",
+        data=data,
     )
 
 

@@ -37,21 +37,29 @@ def glibc_version() -> str:
     return text.split()[-1] if text.startswith("glibc") else ""
 
 
-def platform_verdict(system: str, machine: str, python: tuple[int, int], glibc: str, os_name: str, kernel: str) -> Result:
+def platform_verdict(
+    system: str, machine: str, python: tuple[int, int], glibc: str, os_name: str, kernel: str
+) -> Result:
     data = {"os": os_name, "kernel": kernel, "python": f"{python[0]}.{python[1]}", "glibc": glibc, "machine": machine}
     summary = f"{os_name or system}, kernel {kernel}, Python {python[0]}.{python[1]}, glibc {glibc or '?'}, {machine}"
     if system != "Linux":
         return Result("platform", Status.FAIL, f"{system} is not supported: CUDA serving nodes run Linux", data=data)
     if python < MIN_PYTHON:
         return Result(
-            "platform", Status.FAIL, f"Python {python[0]}.{python[1]} is older than 3.10: {summary}",
-            remedy=f"set python_stack_python to a Python >= 3.10 interpreter; {remedies.PYTHON_STACK}", data=data,
+            "platform",
+            Status.FAIL,
+            f"Python {python[0]}.{python[1]} is older than 3.10: {summary}",
+            remedy=f"set python_stack_python to a Python >= 3.10 interpreter; {remedies.PYTHON_STACK}",
+            data=data,
         )
     if not glibc or not versions.at_least(glibc, MIN_GLIBC):
         return Result(
-            "platform", Status.FAIL, f"glibc {glibc or 'unknown'} is older than {MIN_GLIBC}: {summary}",
+            "platform",
+            Status.FAIL,
+            f"glibc {glibc or 'unknown'} is older than {MIN_GLIBC}: {summary}",
             details="torch and the CUDA 13 wheels are manylinux_2_28 builds and will not install or load",
-            remedy="use a distribution with glibc >= 2.28 (Debian 12, Ubuntu 22.04/24.04)", data=data,
+            remedy="use a distribution with glibc >= 2.28 (Debian 12, Ubuntu 22.04/24.04)",
+            data=data,
         )
     if machine not in ("x86_64", "aarch64"):
         return Result("platform", Status.WARN, f"{machine} has no CUDA 13 wheels: {summary}", data=data)
@@ -68,8 +76,12 @@ class PlatformCheck:
 
     def run(self, ctx: Context) -> Result:
         return platform_verdict(
-            _platform.system(), _platform.machine(), sys.version_info[:2], glibc_version(),
-            os_release().get("PRETTY_NAME", ""), _platform.release(),
+            _platform.system(),
+            _platform.machine(),
+            sys.version_info[:2],
+            glibc_version(),
+            os_release().get("PRETTY_NAME", ""),
+            _platform.release(),
         )
 
 
@@ -89,7 +101,8 @@ class ManifestCheck:
                 self.id,
                 Status.WARN if missing else Status.FAIL,
                 "no node manifest: version comparisons use built-in CUDA 13.0 defaults or are skipped"
-                if missing else "the node manifest cannot be used",
+                if missing
+                else "the node manifest cannot be used",
                 details=ctx.manifest_error or f"{manifest.manifest_path()} not found",
                 remedy=f"{remedies.SM120CHECK} (writes {manifest.DEFAULT_PATH}), or pass --manifest PATH",
             )
@@ -98,8 +111,11 @@ class ManifestCheck:
         written_by = str(m.raw.get("sm120kit_version", ""))
         if written_by and written_by != __version__:
             return Result(
-                self.id, Status.WARN, f"{summary}; written by sm120kit {written_by}, doctor is {__version__}",
-                remedy=f"{remedies.SM120CHECK} to install the matching checker and rewrite the manifest", data=data,
+                self.id,
+                Status.WARN,
+                f"{summary}; written by sm120kit {written_by}, doctor is {__version__}",
+                remedy=f"{remedies.SM120CHECK} to install the matching checker and rewrite the manifest",
+                data=data,
             )
         return Result(self.id, Status.PASS, summary, data=data)
 

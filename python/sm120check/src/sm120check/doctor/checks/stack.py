@@ -22,20 +22,31 @@ def stack_verdict(installed: Mapping[str, str], pinned: Mapping[str, str], venv:
     pins = {stackenv.normalize(k): v for k, v in pinned.items()}
     data: dict[str, object] = {k: installed[k] for k in KEY_PACKAGES if k in installed}
     missing = [f"{k} {v}" for k, v in pins.items() if k not in installed]
-    wrong = [f"{k} {installed[k]} (pinned {v})" for k, v in pins.items() if k in installed and not same_version(installed[k], v)]
+    wrong = [
+        f"{k} {installed[k]} (pinned {v})"
+        for k, v in pins.items()
+        if k in installed and not same_version(installed[k], v)
+    ]
     data.update(pinned=len(pins), missing=len(missing), wrong=len(wrong))
     if missing or wrong:
-        parts = ([f"missing {', '.join(missing)}"] if missing else []) + ([f"wrong {', '.join(wrong)}"] if wrong else [])
+        parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
+            [f"wrong {', '.join(wrong)}"] if wrong else []
+        )
         return Result(
-            "stack", Status.FAIL, f"the stack venv {venv} differs from the manifest: {'; '.join(parts)}",
-            remedy=f"{remedies.PYTHON_STACK} (sm120kit_profiles / sm120kit_extra_python_packages)", data=data,
+            "stack",
+            Status.FAIL,
+            f"the stack venv {venv} differs from the manifest: {'; '.join(parts)}",
+            remedy=f"{remedies.PYTHON_STACK} (sm120kit_profiles / sm120kit_extra_python_packages)",
+            data=data,
         )
     shown = ", ".join(f"{k} {installed[k]}" for k in KEY_PACKAGES if k in installed and k in pins)
-    return Result("stack", Status.PASS, f"all {len(pins)} pinned packages match" + (f": {shown}" if shown else ""), data=data)
+    return Result(
+        "stack", Status.PASS, f"all {len(pins)} pinned packages match" + (f": {shown}" if shown else ""), data=data
+    )
 
 
 class StackCheck:
-    """The stack venv's installed torch, flashinfer-python, sglang, sglang-kernel and other pins equal the manifest's."""
+    """The stack venv's torch, flashinfer-python, sglang, sglang-kernel and other pins equal the manifest's."""
 
     id: ClassVar[str] = "stack"
     family: ClassVar[str] = "stack"
@@ -46,10 +57,16 @@ class StackCheck:
         venv = stackenv.prefix(ctx)
         installed = stackenv.installed(venv)
         if ctx.manifest is None:
-            found = ", ".join(f"{k} {installed[k]}" for k in KEY_PACKAGES if k in installed) or "none of the stack's packages"
+            found = (
+                ", ".join(f"{k} {installed[k]}" for k in KEY_PACKAGES if k in installed)
+                or "none of the stack's packages"
+            )
             return Result(
-                self.id, Status.SKIP, "no manifest to compare the stack venv against",
-                details=f"{venv}: {found}", remedy=f"{remedies.SM120CHECK}, or pass --manifest PATH",
+                self.id,
+                Status.SKIP,
+                "no manifest to compare the stack venv against",
+                details=f"{venv}: {found}",
+                remedy=f"{remedies.SM120CHECK}, or pass --manifest PATH",
             )
         return stack_verdict(installed, ctx.manifest.python_packages, str(venv))
 

@@ -27,7 +27,9 @@ class CudaHome:
 
 
 def resolve_cuda_home(
-    environ: Mapping[str, str], which: Callable[[str], str | None] = shutil.which, exists: Callable[[str], bool] = os.path.exists
+    environ: Mapping[str, str],
+    which: Callable[[str], str | None] = shutil.which,
+    exists: Callable[[str], bool] = os.path.exists,
 ) -> CudaHome:
     """CUDA_HOME exactly as FlashInfer's JIT finds it: CUDA_HOME, CUDA_PATH, `which nvcc`, /usr/local/cuda."""
     for var in ("CUDA_HOME", "CUDA_PATH"):
@@ -35,7 +37,7 @@ def resolve_cuda_home(
             return CudaHome(environ[var], var)
     nvcc = which("nvcc")
     if nvcc:
-        return CudaHome(os.path.dirname(os.path.dirname(nvcc)), "which nvcc")
+        return CudaHome(str(Path(nvcc).parent.parent), "which nvcc")
     if exists(DEFAULT_HOME):
         return CudaHome(DEFAULT_HOME, DEFAULT_HOME)
     return CudaHome("", "none")
@@ -64,19 +66,28 @@ def toolkit_verdict(
     data: dict[str, object] = {"cuda_home": home.path, "source": home.source}
     if not home.path:
         return Result(
-            "toolkit", Status.FAIL, "no CUDA toolkit: CUDA_HOME, CUDA_PATH unset, no nvcc on PATH, no /usr/local/cuda",
-            remedy=FIX, data=data,
+            "toolkit",
+            Status.FAIL,
+            "no CUDA toolkit: CUDA_HOME, CUDA_PATH unset, no nvcc on PATH, no /usr/local/cuda",
+            remedy=FIX,
+            data=data,
         )
     nvcc = f"{home.path}/bin/nvcc"
     where = f"CUDA_HOME {home.path} (from {home.source})"
     if version_out is None or version_out[0] != 0:
         return Result(
-            "toolkit", Status.FAIL, f"{nvcc} does not run; {where}",
-            details=version_out[1].strip() if version_out else "", remedy=FIX, data=data,
+            "toolkit",
+            Status.FAIL,
+            f"{nvcc} does not run; {where}",
+            details=version_out[1].strip() if version_out else "",
+            remedy=FIX,
+            data=data,
         )
     parsed = parse_nvcc_version(version_out[1])
     if parsed is None:
-        return Result("toolkit", Status.FAIL, f"{nvcc} --version printed no release", details=version_out[1], remedy=FIX)
+        return Result(
+            "toolkit", Status.FAIL, f"{nvcc} --version printed no release", details=version_out[1], remedy=FIX
+        )
     release, full = parsed
     data.update(nvcc=full, release=release)
     codes = gpu_codes.split()
@@ -84,25 +95,38 @@ def toolkit_verdict(
     summary = f"nvcc {full} at {where}"
     if not release.startswith("13."):
         return Result(
-            "toolkit", Status.FAIL, f"nvcc is CUDA {release}, not 13: {summary}",
+            "toolkit",
+            Status.FAIL,
+            f"nvcc is CUDA {release}, not 13: {summary}",
             details="FlashInfer reads the CUDA version from $CUDA_HOME/bin/nvcc and a cu130 torch needs CUDA 13",
-            remedy=FIX, data=data,
+            remedy=FIX,
+            data=data,
         )
     if want_nvcc and full != want_nvcc:
         return Result(
-            "toolkit", Status.FAIL, f"nvcc {full} but the manifest pins {want_nvcc}: {summary}",
-            remedy=f"{FIX} (cuda_toolkit_version)", data=data,
+            "toolkit",
+            Status.FAIL,
+            f"nvcc {full} but the manifest pins {want_nvcc}: {summary}",
+            remedy=f"{FIX} (cuda_toolkit_version)",
+            data=data,
         )
     if "sm_120" not in codes:
         return Result(
-            "toolkit", Status.FAIL, f"nvcc cannot target sm_120: {summary}",
-            details=f"nvcc --list-gpu-code: {' '.join(codes) or '(nothing)'}", remedy=FIX, data=data,
+            "toolkit",
+            Status.FAIL,
+            f"nvcc cannot target sm_120: {summary}",
+            details=f"nvcc --list-gpu-code: {' '.join(codes) or '(nothing)'}",
+            remedy=FIX,
+            data=data,
         )
     if want_home and os.path.realpath(home.path) != os.path.realpath(want_home):
         return Result(
-            "toolkit", Status.WARN, f"{summary}; the manifest's toolkit is {want_home}",
+            "toolkit",
+            Status.WARN,
+            f"{summary}; the manifest's toolkit is {want_home}",
             details="FlashInfer and torch extensions will build with the toolkit above, not the provisioned one",
-            remedy=f"{remedies.CUDA_ENV} (exports CUDA_HOME={want_home}) and start a new shell", data=data,
+            remedy=f"{remedies.CUDA_ENV} (exports CUDA_HOME={want_home}) and start a new shell",
+            data=data,
         )
     return Result("toolkit", Status.PASS, f"{summary}, targets sm_120", data=data)
 
@@ -149,8 +173,11 @@ class NvccSm120Check:
             size = cubin.stat().st_size if cubin.exists() else 0
         if rc != 0 or size == 0:
             return Result(
-                self.id, Status.FAIL, f"nvcc failed to build an sm_120 cubin (exit {rc})",
-                details=f"{' '.join(cmd)}\n{out.strip()[-2000:]}", remedy=FIX,
+                self.id,
+                Status.FAIL,
+                f"nvcc failed to build an sm_120 cubin (exit {rc})",
+                details=f"{' '.join(cmd)}\n{out.strip()[-2000:]}",
+                remedy=FIX,
             )
         return Result(self.id, Status.PASS, f"nvcc built an sm_120 cubin ({size} bytes)", data={"cubin_bytes": size})
 

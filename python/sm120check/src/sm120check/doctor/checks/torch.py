@@ -17,12 +17,20 @@ def torch_verdict(info: Mapping[str, object], toolkit_release: str, gpus_expecte
     """Verdict from the probe's report, CUDA_HOME's nvcc release ("" if unknown) and whether the driver shows GPUs."""
     if info.get("import_error"):
         return Result(
-            "torch", Status.FAIL, "import torch fails", details=str(info["import_error"])[-2000:], remedy=FIX,
+            "torch",
+            Status.FAIL,
+            "import torch fails",
+            details=str(info["import_error"])[-2000:],
+            remedy=FIX,
         )
     arch_list = [str(a) for a in info.get("arch_list", []) or []]  # type: ignore[attr-defined]
     cuda = str(info.get("cuda") or "")
     nccl = str(info.get("nccl") or "")
-    data = {k: info[k] for k in ("version", "cuda", "nccl", "cuda_available", "device_count", "import_s", "maps") if k in info}
+    data = {
+        k: info[k]
+        for k in ("version", "cuda", "nccl", "cuda_available", "device_count", "import_s", "maps")
+        if k in info
+    }
     data["arch_list"] = arch_list
     summary = f"torch {info.get('version')} (CUDA {cuda or 'none'}, NCCL {nccl or '?'})"
     problems: list[str] = []
@@ -38,14 +46,21 @@ def torch_verdict(info: Mapping[str, object], toolkit_release: str, gpus_expecte
         return Result("torch", Status.FAIL, f"{summary}: {'; '.join(problems)}", remedy=FIX, data=data)
     if cuda and toolkit_release and not versions.same_release(toolkit_release, cuda):
         return Result(
-            "torch", Status.FAIL, f"{summary}, but CUDA_HOME's nvcc is {toolkit_release}",
+            "torch",
+            Status.FAIL,
+            f"{summary}, but CUDA_HOME's nvcc is {toolkit_release}",
             details="extensions (FlashInfer JIT, torch cpp_extension) build with CUDA_HOME's nvcc against torch's CUDA",
-            remedy=f"{remedies.CUDA_TOOLKIT} and {remedies.CUDA_ENV} (CUDA_HOME to a {cuda} toolkit)", data=data,
+            remedy=f"{remedies.CUDA_TOOLKIT} and {remedies.CUDA_ENV} (CUDA_HOME to a {cuda} toolkit)",
+            data=data,
         )
     if gpus_expected and not info.get("cuda_available"):
         return Result(
-            "torch", Status.FAIL, f"{summary}, but torch.cuda.is_available() is False",
-            details=str(info.get("cuda_error", "")), remedy=remedies.DRIVER, data=data,
+            "torch",
+            Status.FAIL,
+            f"{summary}, but torch.cuda.is_available() is False",
+            details=str(info.get("cuda_error", "")),
+            remedy=remedies.DRIVER,
+            data=data,
         )
     if gpus_expected and info.get("op_ok") is False:
         return Result("torch", Status.FAIL, f"{summary}: a CUDA tensor op returned a wrong result", data=data)
@@ -65,13 +80,21 @@ class TorchCheck:
         venv = stackenv.prefix(ctx)
         if "torch" not in stackenv.installed(venv):
             return Result(
-                self.id, Status.SKIP, f"torch is not installed in {venv}",
+                self.id,
+                Status.SKIP,
+                f"torch is not installed in {venv}",
                 remedy=f"the full profile installs it: {remedies.PYTHON_STACK} -e sm120kit_profile=full",
             )
-        outcome = child.run_probe(PROBE, timeout=ctx.timeout, python=str(stackenv.python(ctx)), env=stackenv.probe_env())
+        outcome = child.run_probe(
+            PROBE, timeout=ctx.timeout, python=str(stackenv.python(ctx)), env=stackenv.probe_env()
+        )
         if not outcome.ok:
             return Result(
-                self.id, Status.FAIL, f"the torch probe {outcome.problem}", details=outcome.stderr_tail[-2000:], remedy=FIX,
+                self.id,
+                Status.FAIL,
+                f"the torch probe {outcome.problem}",
+                details=outcome.stderr_tail[-2000:],
+                remedy=FIX,
             )
         toolkit = ctx.results.get("toolkit")
         release = str(toolkit.data.get("release", "")) if toolkit else ""

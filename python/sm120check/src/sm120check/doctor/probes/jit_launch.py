@@ -17,7 +17,7 @@ A = 2654435761
 
 
 def reference(x: list[int], y: list[int]) -> list[int]:
-    return [(A * xi + yi) & 0xFFFFFFFF for xi, yi in zip(x, y)]
+    return [(A * xi + yi) & 0xFFFFFFFF for xi, yi in zip(x, y, strict=True)]
 
 
 def main() -> None:
@@ -47,10 +47,14 @@ def main() -> None:
             row.update(ok=False, error=str(exc))
             gpus.append(row)
             continue
-        mismatches = sum(1 for got, want in zip(out, expected) if got != want)
+        mismatches = sum(1 for got, want in zip(out, expected, strict=True) if got != want)
         row.update(
-            ok=mismatches == 0, mismatches=mismatches, elements=N, cubin_bytes=len(compiled.cubin),
-            compile_s=round(compiled.seconds, 4), launch_s=round(time.monotonic() - start, 4),
+            ok=mismatches == 0,
+            mismatches=mismatches,
+            elements=N,
+            cubin_bytes=len(compiled.cubin),
+            compile_s=round(compiled.seconds, 4),
+            launch_s=round(time.monotonic() - start, 4),
         )
         gpus.append(row)
     emit({"nvrtc": nvrtc.path, "gpus": gpus})

@@ -7,6 +7,7 @@ JSON object. With `--correctness-only` it skips the timings (the P2P-off retry u
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -42,9 +43,8 @@ def rank_main(ctx: RankContext) -> Mapping[str, Any]:
         latency = {}
         for tokens in args["tokens"]:
             buf = co.pattern(tokens * args["hidden"], ctx.rank, device)
-            latency[str(tokens)] = co.time_op(
-                lambda buf=buf: dist.all_reduce(buf), iters=args["iters"], warmup=args["warmup"]
-            )
+            op = functools.partial(dist.all_reduce, buf)
+            latency[str(tokens)] = co.time_op(op, iters=args["iters"], warmup=args["warmup"])
         data["latency_us"] = latency
         ctx.phase("bandwidth")
         big = torch.ones(BANDWIDTH_BYTES // 2, dtype=torch.bfloat16, device=device)

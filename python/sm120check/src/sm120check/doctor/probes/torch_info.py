@@ -47,7 +47,8 @@ def main() -> None:
             # A real op, so the CUDA runtime and driver libraries are mapped as a server would map them.
             info["op_ok"] = float(torch.arange(8, device="cuda", dtype=torch.float32).sum().item()) == 28.0
             info["capabilities"] = [
-                ".".join(map(str, torch.cuda.get_device_capability(i))) for i in range(info["device_count"])  # type: ignore[call-overload]
+                ".".join(map(str, torch.cuda.get_device_capability(i)))
+                for i in range(info["device_count"])  # type: ignore[call-overload]
             ]
     except Exception as exc:
         info["cuda_error"] = f"{type(exc).__name__}: {exc}"
