@@ -1,0 +1,142 @@
+"""Collect the evidence for the `topology` check: NVML P2P status per GPU pair, `nvidia-smi topo -m` and
+`topo -p2p r`, the IOMMU mode of each GPU (sysfs), the kernel command line, and ACS control from `lspci -vvv`.
+
+Run as `python -m sm120check.doctor.probes.topology --gpus 0,1`; prints one JSON object of raw evidence (the check
+parses and judges it with sm120check.comm.topology). Needs no torch; NVML through nvidia-ml-py when installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from sm120check.comm.topology import parse_lspci_acs
+from sm120check.doctor.child import emit
+
+# NVML P2P status -> the code `nvidia-smi topo -p2p` prints.
+NVML_P2P_CODES = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
+NVML_P2P_CAPS = {"read": 0, "write": 1, "nvlink": 2, "atomics": 3}
+# nvmlGpuTopologyLevel_t -> `nvidia-smi topo -m` code.
+NVML_TOPOLOGY = {0: "SELF", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+def _run(cmd: list[str], timeout: float = 20.0) -> dict[str, Any]:
+    if shutil.which(cmd[0]) is None:
+        return {"ok": False, "error": f"{cmd[0]} not found on PATH"}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"`{' '.join(cmd)}` did not answer within {timeout:.0f} s"}
+    if proc.returncode != 0:
+        return {"ok": False, "error": (proc.stderr or proc.stdout).strip()[-500:] or f"exit {proc.returncode}"}
+    return {"ok": True, "text": proc.stdout}
+
+
+def sysfs_address(bus_id: str) -> str:
+    """NVML's "00000000:18:00.0" -> sysfs's "0000:18:00.0"."""
+    domain, _, rest = bus_id.strip().lower().partition(":")
+    return f"{domain[-4:]}:{rest}"
+
+
+def _nvml(gpus: list[int]) -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return {"ok": False, "error": "nvidia-ml-py is not installed (pip install nvidia-ml-py)"}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return {"ok": False, "error": f"nvmlInit: {exc}"}
+    try:
+        handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i) for i in gpus}
+        devices = []
+        for i, h in handles.items():
+            name = pynvml.nvmlDeviceGetName(h)
+            bus = pynvml.nvmlDeviceGetPciInfo(h).busId
+            devices.append(
+                {
+                    "index": i,
+                    "name": name.decode() if isinstance(name, bytes) else str(name),
+                    "bus_id": bus.decode() if isinstance(bus, bytes) else str(bus),
+                }
+            )
+        pairs = []
+        for a in gpus:
+            for b in gpus:
+                if a >= b:
+                    continue
+                entry: dict[str, Any] = {"pair": [a, b]}
+                for cap, index in NVML_P2P_CAPS.items():
+                    try:
+                        status = pynvml.nvmlDeviceGetP2PStatus(handles[a], handles[b], index)
+                        entry[cap] = NVML_P2P_CODES.get(int(status), str(status))
+                    except pynvml.NVMLError as exc:
+                        entry[cap] = f"error: {exc}"
+                try:
+                    level = pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b])
+                    entry["ancestor"] = NVML_TOPOLOGY.get(int(level), str(level))
+                except pynvml.NVMLError as exc:
+                    entry["ancestor"] = f"error: {exc}"
+                pairs.append(entry)
+        return {"ok": True, "devices": devices, "pairs": pairs}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _iommu_types(devices: list[dict[str, Any]]) -> dict[str, str]:
+    types = {}
+    for dev in devices:
+        address = sysfs_address(str(dev["bus_id"]))
+        try:
+            types[address] = (Path("/sys/bus/pci/devices") / address / "iommu_group" / "type").read_text().strip()
+        except OSError:
+            continue
+    return types
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sm120check.doctor.probes.topology", description=__doc__)
+    parser.add_argument("--gpus", default="", help="GPU indices (default: every GPU NVML sees)")
+    ns = parser.parse_args(argv)
+    gpus = [int(g) for g in ns.gpus.split(",") if g.strip()]
+    if not gpus:
+        gpus = _all_gpus()
+    nvml = _nvml(gpus)
+    out: dict[str, Any] = {"gpus": gpus, "nvml": nvml}
+    out["topo_m"] = _run(["nvidia-smi", "topo", "-m"])
+    out["topo_p2p_r"] = _run(["nvidia-smi", "topo", "-p2p", "r"])
+    try:
+        out["cmdline"] = Path("/proc/cmdline").read_text().strip()
+    except OSError:
+        out["cmdline"] = ""
+    out["iommu_group_types"] = _iommu_types(nvml.get("devices", []))
+    lspci = _run(["lspci", "-vvv"])
+    if lspci["ok"]:
+        ports, readable = parse_lspci_acs(lspci["text"])
+        out["acs"] = {"ok": True, "readable": readable, "ports": [dataclasses.asdict(p) for p in ports]}
+    else:
+        out["acs"] = {"ok": False, "error": lspci["error"]}
+    emit(out)
+    return 0
+
+
+def _all_gpus() -> list[int]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return list(range(pynvml.nvmlDeviceGetCount()))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML: nvidia-smi's matrix still shows every GPU
+        return []
+
+
+if __name__ == "__main__":
+    sys.exit(main())
