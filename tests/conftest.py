@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 
 import pytest
+
 from lab.podman import DEFAULT_IMAGE, Mount, Node, NodeFactory, lab_problem, running_node
 
 

@@ -127,9 +127,12 @@ def debian_mirrors(sources: Sequence[AptSource]) -> tuple[str, str]:
             continue
         if not security and any(suite.endswith("-security") for suite in source.suites):
             security = source.uris[0]
-        elif not mirror and any("-" not in suite and "/" not in suite for suite in source.suites):
-            if "debian" in source.uris[0]:
-                mirror = source.uris[0]
+        elif (
+            not mirror
+            and "debian" in source.uris[0]
+            and any("-" not in suite and "/" not in suite for suite in source.suites)
+        ):
+            mirror = source.uris[0]
     if not mirror:
         raise LabError(
             "the host's apt sources (/etc/apt/sources.list, /etc/apt/sources.list.d/*.sources) name no Debian archive "
@@ -209,7 +212,7 @@ def cache_key(spec: ImageSpec, certs: Sequence[Path]) -> str:
 def image_key(ref: str) -> str:
     """The cache key label of a local image, "" when the image is absent."""
     inspect = subprocess.run(
-        ["podman", "image", "inspect", "--format", "{{index .Labels \"" + KEY_LABEL + '"}}', ref],
+        ["podman", "image", "inspect", "--format", '{{index .Labels "' + KEY_LABEL + '"}}', ref],
         capture_output=True,
         text=True,
         check=False,
@@ -315,8 +318,10 @@ def image_specs(args: argparse.Namespace) -> list[ImageSpec]:
     wanted = ("debian12", "ubuntu2404") if args.image == "all" else (args.image,)
     specs = []
     if "debian12" in wanted:
-        mirror, security = (args.debian_mirror, args.debian_mirror + "-security") if args.debian_mirror else (
-            debian_mirrors(host_apt_sources())
+        mirror, security = (
+            (args.debian_mirror, args.debian_mirror + "-security")
+            if args.debian_mirror
+            else (debian_mirrors(host_apt_sources()))
         )
         specs.append(ImageSpec("debian12", "bookworm", mirror, security, ("main",), "debian-archive-keyring.gpg", ""))
     if "ubuntu2404" in wanted:

@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from lab.converge import NODE_GROUPS, ConvergedNode, converge
 from lab.playbook import write_inventory
 from lab.podman import Mount, running_node
 from lab.wheelhouse import NODE_PATH, WheelhouseError, build_wheelhouse
+
 
 @pytest.fixture(scope="session")
 def core_wheelhouse(lab: str) -> Mount:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from lab.playbook import PlaybookRun, parse_changed_tasks, parse_recap, playbook_argv, run_playbook, write_inventory
 from lab.podman import Node, NodeFactory, node_diff, node_exec, podman, running_node
 

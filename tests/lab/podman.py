@@ -141,6 +141,4 @@ def node_diff(node: Node) -> Diff:
     """The node's file system changes against its image."""
     raw = json.loads(podman("diff", "--format", "json", node.name).stdout or "{}")
     kinds = {"added": "A", "changed": "C", "deleted": "D"}
-    return Diff(
-        frozenset((kinds[key], path) for key, paths in raw.items() if key in kinds for path in (paths or []))
-    )
+    return Diff(frozenset((kinds[key], path) for key, paths in raw.items() if key in kinds for path in (paths or [])))
