@@ -1,0 +1,166 @@
+"""`sm120check sglang scan|patch`: find what keeps SGLang off SM120, and close those gaps in its source."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sm120check.sglang import patch, report
+from sm120check.sglang.errors import SglangError
+from sm120check.sglang.tree import SourceTree, find_installed, flashinfer_version, local_cc, parse_cc, resolve_source
+
+EXIT_OK, EXIT_NEEDED, EXIT_ERROR = 0, 1, 2
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("sglang", help="scan or patch SGLang's source for SM120", description=__doc__)
+    actions = parser.add_subparsers(dest="sglang_command", metavar="ACTION", parser_class=type(parser))
+    actions.required = True
+    scan = actions.add_parser("scan", help="report capability maps, multicast fallback, fusion gates, EAGLE-3 gaps")
+    fix = actions.add_parser("patch", help="close the gaps the scan finds (minimal, idempotent, revertible)")
+    for sub in (scan, fix):
+        sub.add_argument("--source", metavar="DIR", help="SGLang tree to use (default: the installed sglang)")
+        sub.add_argument(
+            "--cc", metavar="MAJOR.MINOR", help="compute capability to check for (default: this GPU, else 12.0)"
+        )
+        sub.add_argument(
+            "--flashinfer-version",
+            metavar="VER",
+            help="FlashInfer version to assume (default: the installed one); the fusion gate admits SM120 from 0.6.17",
+        )
+        sub.add_argument("--json", action="store_true", help="print JSON")
+    scan.set_defaults(handler=run_scan)
+    fix.add_argument("--check", action="store_true", help="change nothing; exit 1 when a patch (or revert) is needed")
+    fix.add_argument("--diff", action="store_true", help="print the unified diff of the change")
+    fix.add_argument("--revert", action="store_true", help="restore the original files recorded in the ledger")
+    fix.set_defaults(handler=run_patch)
+
+
+def _target(args: argparse.Namespace) -> SourceTree | None:
+    if args.source:
+        return SourceTree(resolve_source(args.source))
+    root = find_installed()
+    return SourceTree(root) if root else None
+
+
+def _scan(tree: SourceTree, args: argparse.Namespace) -> report.ScanReport:
+    cc = parse_cc(args.cc) if args.cc else local_cc()
+    if args.flashinfer_version:
+        fi, origin = args.flashinfer_version, "--flashinfer-version"
+    else:
+        fi, origin = flashinfer_version(tree.root if args.source else None)
+    return report.run(tree, cc, fi, origin)
+
+
+def _not_installed(args: argparse.Namespace) -> int:
+    message = "SGLang is not installed in this environment; nothing to scan or patch (pass --source DIR for a tree)"
+    if args.json:
+        print(json.dumps({"installed": False, "changed": False, "needed": False, "message": message}))
+    else:
+        print(message)
+    return EXIT_OK
+
+
+def _error(args: argparse.Namespace, exc: SglangError) -> int:
+    if args.json:
+        print(json.dumps({"error": str(exc), "changed": False}))
+    print(f"sm120check sglang: {exc}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def run_scan(args: argparse.Namespace) -> int:
+    try:
+        tree = _target(args)
+        if tree is None:
+            return _not_installed(args)
+        found = _scan(tree, args)
+    except SglangError as exc:
+        return _error(args, exc)
+    print(json.dumps(found.to_dict(), indent=2) if args.json else report.render(found))
+    return EXIT_NEEDED if found.needs_patch else EXIT_OK
+
+
+def run_patch(args: argparse.Namespace) -> int:
+    try:
+        tree = _target(args)
+        if tree is None:
+            return _not_installed(args)
+        return _revert(tree.root, args) if args.revert else _patch(tree, args)
+    except SglangError as exc:
+        return _error(args, exc)
+
+
+def _emit(args: argparse.Namespace, root: Path, result: dict[str, object], changes: list[patch.FileChange]) -> None:
+    result["files"] = [
+        {
+            "path": ch.path,
+            "changes": list(ch.changes),
+            "sha256_before": patch.sha256(ch.before),
+            "sha256_after": patch.sha256(ch.after),
+        }
+        for ch in changes
+    ]
+    diff = patch.unified_diff(root, changes) if args.diff else ""
+    if args.json:
+        if args.diff:
+            result["diff"] = diff
+        print(json.dumps(result, indent=2))
+        return
+    verb = "would change" if args.check else "changed"
+    for ch in changes:
+        print(f"{verb} {ch.path}:")
+        for note in ch.changes:
+            print(f"  - {note}")
+    if not changes:
+        print(str(result["message"]))
+    if diff:
+        print(diff, end="")
+
+
+def _patch(tree: SourceTree, args: argparse.Namespace) -> int:
+    found = _scan(tree, args)
+    changes = patch.plan(tree, found)
+    result: dict[str, object] = {
+        "installed": True,
+        "action": "patch",
+        "source": str(tree.root),
+        "sglang_version": tree.version,
+        "cc": str(found.cc),
+        "flashinfer": found.flashinfer,
+        "check": args.check,
+        "needed": bool(changes),
+        "changed": bool(changes) and not args.check,
+        "ledger": str(tree.root / patch.STATE_DIR / patch.LEDGER),
+        "left_as_is": [f.summary for f in found.blocked],
+        "message": "nothing to patch: the scan is clean" if not changes else "",
+    }
+    if changes and not args.check:
+        patch.apply(tree, found, changes)
+        changed = {ch.path for ch in changes}
+        fresh = SourceTree(tree.root, {rel: mod for rel, mod in tree._cache.items() if rel not in changed})
+        after = report.run(fresh, found.cc, found.flashinfer, found.flashinfer_origin)
+        result["remaining"] = [f.summary for f in after.findings if not f.ok and f.patchable]
+    _emit(args, tree.root, result, changes)
+    if args.check:
+        return EXIT_NEEDED if changes else EXIT_OK
+    return EXIT_ERROR if result.get("remaining") else EXIT_OK
+
+
+def _revert(root: Path, args: argparse.Namespace) -> int:
+    has_ledger = patch.load_ledger(root) is not None
+    changes = patch.plan_revert(root)
+    result: dict[str, object] = {
+        "installed": True,
+        "action": "revert",
+        "source": str(root),
+        "check": args.check,
+        "needed": has_ledger,
+        "changed": has_ledger and not args.check,
+        "message": "nothing to revert: no sm120check ledger here" if not has_ledger else "",
+    }
+    if has_ledger and not args.check:
+        patch.revert(root, changes)
+    _emit(args, root, result, changes)
+    return EXIT_NEEDED if args.check and has_ledger else EXIT_OK

@@ -1,0 +1,72 @@
+"""Text positions from `ast` nodes, and insertions at them, so patches anchor on names instead of line numbers."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+MARK = "# sm120kit"  # every line sm120check adds carries this, so a reader can find them
+
+
+@dataclass(frozen=True)
+class Insertion:
+    offset: int  # character offset into the text
+    text: str
+
+
+class Source:
+    """A file's text with conversions from ast (line, UTF-8 byte column) positions to character offsets."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = text.splitlines(keepends=True)
+        self._starts: list[int] = []
+        total = 0
+        for line in self.lines:
+            self._starts.append(total)
+            total += len(line)
+        self._starts.append(total)
+
+    def offset(self, lineno: int, col_bytes: int) -> int:
+        line = self.lines[lineno - 1]
+        return self._starts[lineno - 1] + len(line.encode("utf-8")[:col_bytes].decode("utf-8"))
+
+    def start(self, node: ast.expr | ast.stmt) -> int:
+        return self.offset(node.lineno, node.col_offset)
+
+    def end(self, node: ast.expr | ast.stmt) -> int:
+        assert node.end_lineno is not None and node.end_col_offset is not None
+        return self.offset(node.end_lineno, node.end_col_offset)
+
+    def segment(self, node: ast.expr | ast.stmt) -> str:
+        return self.text[self.start(node) : self.end(node)]
+
+    def line_start(self, lineno: int) -> int:
+        return self._starts[lineno - 1]
+
+    def after_line(self, lineno: int) -> int:
+        """Offset of the start of the line after `lineno` (end of text for the last line)."""
+        return self._starts[lineno]
+
+    def indent_of(self, lineno: int) -> str:
+        line = self.lines[lineno - 1]
+        return line[: len(line) - len(line.lstrip(" \t"))]
+
+    def newline(self) -> str:
+        return "\r\n" if self.lines and self.lines[0].endswith("\r\n") else "\n"
+
+
+def apply(text: str, insertions: list[Insertion]) -> str:
+    """Apply insertions (and nothing else) from the end backwards so earlier offsets stay valid."""
+    for ins in sorted(insertions, key=lambda i: i.offset, reverse=True):
+        text = text[: ins.offset] + ins.text + text[ins.offset :]
+    return text
+
+
+def replace(text: str, start: int, end: int, new: str) -> str:
+    return text[:start] + new + text[end:]
+
+
+def ensure_line_end(text: str, offset: int, newline: str) -> str:
+    """Text to insert at `offset` when it is the end of a file that may lack a final newline."""
+    return newline if offset == len(text) and text and not text.endswith(("\n", "\r")) else ""
