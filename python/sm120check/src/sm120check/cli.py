@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:  # a subcommand still being built is absent, not fatal
-            if exc.name != module_name:
+            if exc.name is None or not module_name.startswith(exc.name):
                 raise
             continue
         register: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]
