@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import subprocess
 import sys
@@ -48,28 +47,58 @@ def doctor(*args: str, env: dict[str, str] | None = None, timeout: float = 120) 
     child_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "sm120check.doctor", *args],
-        capture_output=True, text=True, env=child_env, timeout=timeout, check=False,
+        capture_output=True,
+        text=True,
+        env=child_env,
+        timeout=timeout,
+        check=False,
     )
 
 
 def find_nvrtc_dir(tmp: Path) -> Path | None:
     """A directory holding a real libnvrtc.so.13 and its builtins: the CUDA tree, a CUDA wheel, or the wheel file."""
-    candidates = [Path(p) for p in ("/usr/local/cuda/lib", "/usr/local/cuda/lib64")]
-    candidates += [Path(p).parent for p in glob.glob(f"{sys.prefix}/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13")]
+    candidates = [Path("/usr/local/cuda/lib"), Path("/usr/local/cuda/lib64")]
+    candidates += [p.parent for p in Path(sys.prefix).glob("lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13")]
     for directory in candidates:
         if (directory / "libnvrtc.so.13").exists() and (directory / "libnvrtc-builtins.so.13.0").exists():
             return directory
-    wheels = sorted(glob.glob("/opt/pypi*/files/nvidia_cuda_nvrtc-13.*.whl")) + sorted(glob.glob("/opt/wheels/nvidia_cuda_nvrtc-13.*.whl"))
+    pattern = "nvidia_cuda_nvrtc-13.*.whl"
+    wheels = sorted(
+        w for root in ("/opt/pypi-more/files", "/opt/pypi/files", "/opt/wheels") for w in Path(root).glob(pattern)
+    )
     if not wheels:
         out = tmp / "wheel"
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(out), "nvidia-cuda-nvrtc==13.0.88"],
-            capture_output=True, timeout=300, check=False,
+            capture_output=True,
+            timeout=300,
+            check=False,
         )
-        wheels = sorted(glob.glob(f"{out}/nvidia_cuda_nvrtc-13.*.whl"))
+        wheels = sorted(out.glob(pattern))
     if not wheels:
         return None
     with zipfile.ZipFile(wheels[-1]) as wheel:
         wheel.extractall(tmp / "nvrtc")
     directory = tmp / "nvrtc" / "nvidia" / "cu13" / "lib"
     return directory if (directory / "libnvrtc.so.13").exists() else None
+
+
+def write_manifest(tmp: Path, **cuda: str) -> Path:
+    """A schema-1 manifest for the interpreter running the tests (its venv = sys.prefix), CUDA 13.0.1 pins."""
+    import json
+
+    data = {
+        "schema": 1,
+        "sm120kit_version": "0.1.0",
+        "profile": "core",
+        "cuda": {"version": "13.0.1", "nvcc": "13.0.88", "nvrtc": "13.0.88", "home": "", "link": "", "lib_dir": ""}
+        | cuda,
+        "nccl": {"version": "2.30.7", "method": "wheels"},
+        "driver_min": "580.65.06",
+        "venv": sys.prefix,
+        "python_packages": {},
+        "env": {},
+    }
+    path = tmp / "manifest.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path

@@ -9,15 +9,35 @@ from sm120check.doctor import report
 from sm120check.doctor.model import Result, Status
 
 INFO = report.RunInfo(
-    host="node1", version="0.1.0", started="2026-11-30T12:00:00+00:00", seconds=1.5, level=2,
-    manifest="/etc/sm120kit/manifest.json", started_epoch=1796040000.0,
+    host="node1",
+    version="0.1.0",
+    started="2026-11-30T12:00:00+00:00",
+    seconds=1.5,
+    level=2,
+    manifest="/etc/sm120kit/manifest.json",
+    started_epoch=1796040000.0,
 )
 RESULTS = [
-    Result("nvrtc", Status.PASS, "NVRTC 13.0", data={"version": "13.0", "supported_archs": [75, 120]}, seconds=0.01,
-           family="nvrtc", level=1),
+    Result(
+        "nvrtc",
+        Status.PASS,
+        "NVRTC 13.0",
+        data={"version": "13.0", "supported_archs": [75, 120]},
+        seconds=0.01,
+        family="nvrtc",
+        level=1,
+    ),
     Result("driver", Status.SKIP, "no NVIDIA driver", remedy="install a driver", family="driver", level=1),
-    Result("sm120_jit", Status.FAIL, "NVRTC cannot compile", details='log "quoted"\nline2', remedy="ldconfig",
-           data={"sm_120_ms": 51.0, "ok": False, "gpus": [{"gpu": 0}]}, family="jit", level=2),
+    Result(
+        "sm120_jit",
+        Status.FAIL,
+        "NVRTC cannot compile",
+        details='log "quoted"\nline2',
+        remedy="ldconfig",
+        data={"sm_120_ms": 51.0, "ok": False, "gpus": [{"gpu": 0}]},
+        family="jit",
+        level=2,
+    ),
     Result("env", Status.WARN, "sitecustomize shadowed", details="dead file", family="env", level=1),
 ]
 
@@ -79,5 +99,5 @@ def test_table_shows_evidence_and_remedy_only_for_non_passing_checks() -> None:
     text = report.table(RESULTS, INFO)
     assert "nvrtc      PASS    NVRTC 13.0" in text
     assert "remedy: install a driver" in text
-    assert "details: log \"quoted\"" in text and "  line2" in text
+    assert 'details: log "quoted"' in text and "  line2" in text
     assert text.rstrip().endswith("4 checks: 1 pass, 1 warn, 1 fail, 1 skip (1.50 s)")

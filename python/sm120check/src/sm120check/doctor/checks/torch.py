@@ -10,7 +10,7 @@ from sm120check.doctor.model import Context, Result, Status
 
 PROBE = "sm120check.doctor.probes.torch_info"
 NCCL_MIN = "2.26.2"  # older NCCL fails on SM120 ("ncclMaxSharedMem ... exceeds")
-FIX = f"{remedies.PYTHON_STACK} (python_stack_torch_version: a CUDA 13 build, torch >= 2.11)"
+FIX = f"{remedies.PYTHON_STACK} (sm120kit_profiles: torch pinned to a CUDA 13 build, >= 2.11)"
 
 
 def torch_verdict(info: Mapping[str, object], toolkit_release: str, gpus_expected: bool) -> Result:
