@@ -142,7 +142,7 @@ class EnvCheck:
             return Result(
                 self.id,
                 Status.WARN,
-                "no manifest and no sm120kit_env hook: the CUDA 13 environment is not set",
+                "no sm120kit_env hook and no manifest env to compare: the CUDA 13 environment is not set",
                 details=f"sitecustomize in use: {seen.get('sitecustomize')}",
                 remedy=FIX,
             )
