@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sm120check import __version__
 
@@ -40,14 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sm120check", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"sm120check {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, module_name in SUBCOMMANDS.items():
+    for module_name in SUBCOMMANDS.values():
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:  # a subcommand still being built is absent, not fatal
             if exc.name is None or not module_name.startswith(exc.name):
                 raise
             continue
-        register: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]
+        register: Callable[[Any], None]
         register = module.register
         register(subparsers)
     return parser
