@@ -52,6 +52,7 @@ class RequestRecord:
     spec_verify_ct: int | None = None
     token_source: str = ""
     server_lag: tuple[float, ...] = ()
+    cut: bool = False  # stopped at the end of a --duration window: its tokens count, its latency does not
 
     @property
     def tokens(self) -> int:
@@ -68,8 +69,18 @@ class _LevelState:
     records: list[RequestRecord] = field(default_factory=list)
 
 
-async def one_request(conn: Connection, api: Api, spec: RequestSpec, warmup: bool, timeout: float) -> RequestRecord:
-    """Send one streaming request and tally its chunks; failures come back as a record with `error` set."""
+async def one_request(
+    conn: Connection,
+    api: Api,
+    spec: RequestSpec,
+    warmup: bool,
+    timeout: float,
+    on_cut: Callable[[RequestRecord], None] | None = None,
+) -> RequestRecord:
+    """Send one streaming request and tally its chunks; failures come back as a record with `error` set.
+
+    When cancelled (the end of a duration window), the tokens received so far go to `on_cut` before re-raising.
+    """
     scheduled = time.perf_counter()
     sent = [scheduled]
     tally = StreamTally()
@@ -96,6 +107,15 @@ async def one_request(conn: Connection, api: Api, spec: RequestSpec, warmup: boo
         error, chunks, source = str(exc), [], ""
     except asyncio.TimeoutError:
         error, chunks, source = f"timed out after {timeout:g} s", [], ""
+    except asyncio.CancelledError:
+        if on_cut is not None:
+            got = tuple((t, n) for t, n, _ in tally.chunks if n)
+            on_cut(
+                RequestRecord(
+                    warmup, scheduled, sent[0], time.perf_counter(), got[0][0] if got else None, got, cut=True
+                )
+            )
+        raise
     end = time.perf_counter()
     if error:
         await conn.close()
@@ -134,7 +154,11 @@ async def run_level(
         conn = Connection(endpoint, headers)
         try:
             for _ in range(plan.warmup):
-                state.records.append(await one_request(conn, api, make_spec(next(counter)), True, plan.request_timeout))
+                state.records.append(
+                    await one_request(
+                        conn, api, make_spec(next(counter)), True, plan.request_timeout, state.records.append
+                    )
+                )
             state.warm_left -= 1
             if state.warm_left == 0:
                 state.t0 = time.perf_counter()
@@ -147,7 +171,9 @@ async def run_level(
                     state.remaining -= 1
                 elif state.deadline is not None and time.perf_counter() >= state.deadline:
                     break
-                record = await one_request(conn, api, make_spec(next(counter)), False, plan.request_timeout)
+                record = await one_request(
+                    conn, api, make_spec(next(counter)), False, plan.request_timeout, state.records.append
+                )
                 state.records.append(record)
             if state.t1 is None:
                 state.t1 = state.deadline if state.deadline is not None else time.perf_counter()
@@ -158,7 +184,7 @@ async def run_level(
         start = time.perf_counter()
         while progress is not None:
             await asyncio.sleep(progress_every)
-            done = [r for r in state.records if not r.warmup]
+            done = [r for r in state.records if not r.warmup and not r.cut]
             errors = sum(1 for r in done if r.error)
             total = plan.requests if plan.requests is not None else "?"
             progress(
@@ -166,18 +192,29 @@ async def run_level(
                 f"{time.perf_counter() - start:.0f} s elapsed"
             )
 
+    async def stopper() -> None:
+        # With a duration, requests still running at the window's end are cut off: their tokens inside the window
+        # are counted already, and waiting for them would only measure the drain.
+        while state.deadline is None:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(max(0.0, state.deadline - time.perf_counter()))
+        state.t1 = state.deadline
+        for task in tasks:
+            task.cancel()
+
     tasks = [asyncio.ensure_future(worker()) for _ in range(c)]
-    report = asyncio.ensure_future(reporter())
+    helpers = [asyncio.ensure_future(reporter())]
+    if plan.duration is not None:
+        helpers.append(asyncio.ensure_future(stopper()))
     done, pending = await asyncio.wait(tasks, timeout=plan.level_timeout)
-    report.cancel()
-    for task in pending:
+    timed_out = bool(pending)
+    for task in [*pending, *helpers]:
         task.cancel()
-    if pending:
-        await asyncio.gather(*pending, return_exceptions=True)
+    await asyncio.gather(*pending, *helpers, return_exceptions=True)
     for task in done:
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]  # a bug in the worker, not a server failure
-    return state.records, state.t0, state.t1, bool(pending)
+    return state.records, state.t0, state.t1, timed_out
 
 
 def summarize(
@@ -189,7 +226,7 @@ def summarize(
 ) -> LevelSummary:
     """Reduce a level's request records to the numbers a user reads (see the module docstring for the window)."""
     warnings: list[str] = []
-    measured = [r for r in records if not r.warmup]
+    measured = [r for r in records if not r.warmup and not r.cut]
     ok = [r for r in measured if not r.error]
     errors = [r for r in measured if r.error]
     window_valid = t0 is not None and t1 is not None and t1 > t0
@@ -213,9 +250,7 @@ def summarize(
         steady = ok
         lo = min((r.scheduled for r in ok), default=0.0)
         hi = max((r.end for r in ok), default=0.0)
-    window = max(hi - lo, 0.0)
-    in_window = sum(n for r in records if not r.error for t, n in r.chunks if lo <= t < hi)
-    throughput = in_window / window if window > 0 else 0.0
+    throughput, window, in_window = _window_rate(records, lo, hi)
 
     ttft = [r.first - r.scheduled for r in steady if r.first is not None]
     e2e = [r.end - r.scheduled for r in steady]
@@ -257,6 +292,29 @@ def summarize(
         error_samples=tuple(samples),
         warnings=tuple(warnings),
     )
+
+
+def _window_rate(records: Sequence[RequestRecord], lo: float, hi: float) -> tuple[float, float, int]:
+    """Output rate inside [lo, hi): the least-squares slope of cumulative tokens against arrival time.
+
+    Servers emit in bursts (every running request gets its tokens at the end of a step), so a plain count over the
+    window is off by up to one step's tokens, which matters when the window holds few steps; the slope of the
+    staircase is not. Returns the rate, the span from first to last arrival, and the tokens inside the window.
+    """
+    arrivals = sorted((t, n) for r in records if not r.error for t, n in r.chunks if lo <= t < hi and n > 0)
+    tokens = sum(n for _, n in arrivals)
+    if len(arrivals) < 2 or arrivals[-1][0] <= arrivals[0][0]:
+        return (tokens / (hi - lo) if hi > lo else 0.0), max(hi - lo, 0.0), tokens
+    cumulative, total = [], 0
+    for _, n in arrivals:
+        total += n
+        cumulative.append(total)
+    times = [t for t, _ in arrivals]
+    mt = sum(times) / len(times)
+    mn = sum(cumulative) / len(cumulative)
+    sxx = sum((t - mt) ** 2 for t in times)
+    sxy = sum((t - mt) * (n - mn) for t, n in zip(times, cumulative, strict=True))
+    return sxy / sxx, times[-1] - times[0], tokens
 
 
 def _accept_length(records: Sequence[RequestRecord]) -> tuple[float | None, str]:

@@ -4,7 +4,9 @@ It speaks the APIs the bench uses (OpenAI completions and chat with SSE and usag
 meta_info, /get_server_info, /v1/models, /health) on 127.0.0.1, and produces tokens with a discrete-event model of
 continuous batching: every step serves all running requests (up to `max_batch`); a plain step takes a + b*B seconds
 and gives each request one token, a speculative verify step takes c + d*B seconds and gives each request tau tokens
-on average (floor or ceil of tau at random). Throughputs are B/(a+bB) and tau*B/(c+dB), so speculation wins below
+on average (floor or ceil of tau at random). A step forms its batch a moment (`admit_grace`, inside the step) after
+it starts, so clients that resubmit at once keep the batch full. Throughputs are B/(a+bB) and tau*B/(c+dB), so
+speculation wins below
 
     B* = (tau*a - c) / (d - tau*b)
 
@@ -43,6 +45,7 @@ class SimModel:
     max_batch: int = 4096
     seed: int = 0
     num_steps: int = 3  # reported as speculative_num_steps
+    admit_grace: float = 0.003  # seconds a step waits, inside its own duration, for requests arriving right now
 
     def __post_init__(self) -> None:
         if self.mode not in ("plain", "spec"):
@@ -128,13 +131,18 @@ class SimServer:
                 self._wake.clear()
                 await self._wake.wait()
                 next_start = None
+            now = loop.time()
+            start = (
+                now if next_start is None or now - next_start > self.model.step_time(len(self._running)) else next_start
+            )
+            grace = min(self.model.admit_grace, self.model.step_time(1) / 2)
+            if grace > 0:
+                # closed-loop clients resubmit right after their last chunk: let them join this step, as a
+                # scheduler does that forms the batch after reading its queue, so the batch stays at C
+                await asyncio.sleep(max(0.0, start + grace - loop.time()))
             while self._waiting and len(self._running) < self.model.max_batch:
                 self._running.append(self._waiting.popleft())
-            batch = len(self._running)
-            duration = self.model.step_time(batch)
-            now = loop.time()
-            start = now if next_start is None or now - next_start > duration else next_start
-            end = start + duration
+            end = start + self.model.step_time(len(self._running))
             await asyncio.sleep(max(0.0, end - loop.time()))
             next_start = end
             self._step()
@@ -347,13 +355,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tau", type=float, default=2.0, help="mean accepted tokens per verify step")
     parser.add_argument("--max-batch", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--admit-grace-ms", type=float, default=3.0, help="batch forms this long into each step")
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="exit after this long (a bound, not a hang)")
     args = parser.parse_args(argv)
     try:
         model = SimModel(
-            args.mode, args.a_ms / 1e3, args.b_ms / 1e3, args.c_ms / 1e3, args.d_ms / 1e3, args.tau, args.max_batch
+            mode=args.mode,
+            a=args.a_ms / 1e3,
+            b=args.b_ms / 1e3,
+            c=args.c_ms / 1e3,
+            d=args.d_ms / 1e3,
+            tau=args.tau,
+            max_batch=args.max_batch,
+            seed=args.seed,
+            admit_grace=args.admit_grace_ms / 1e3,
         )
-        model = SimModel(**{**model.__dict__, "seed": args.seed})
     except ValueError as exc:
         parser.error(str(exc))
     return asyncio.run(_serve(model, args.port, args.max_seconds))

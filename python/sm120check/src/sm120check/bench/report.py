@@ -1,0 +1,118 @@
+"""Render a crossover analysis as text (Markdown tables) or JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+from sm120check.bench.crossover import Analysis, Spread
+from sm120check.bench.policy import Policies, trtllm_yaml, vllm_config
+
+
+def _num(s: Spread, digits: int = 1) -> str:
+    if math.isnan(s.mean):
+        return "n/a"
+    if s.n > 1:
+        return f"{s.mean:.{digits}f} ± {s.std:.{digits}f}"
+    return f"{s.mean:.{digits}f}"
+
+
+def side_by_side(analysis: Analysis) -> str:
+    """Both sweeps per level, as in the seed account's table, with the speedup (± over repeated runs)."""
+    lines = [
+        "| Concurrency | Base (tok/s) | Spec (tok/s) | Speedup | Base Per-Req (tok/s) | Spec Per-Req (tok/s) "
+        "| Base Latency (s) | Spec Latency (s) | Accept Len |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for lv in analysis.levels:
+        speedup = f"{lv.speedup:.2f}" + (f" ± {lv.speedup_std:.2f}" if lv.base.n > 1 or lv.spec.n > 1 else "")
+        accept = f"{lv.accept_length:.2f}" if lv.accept_length else "n/a"
+        lines.append(
+            f"| {lv.concurrency} | {_num(lv.base)} | {_num(lv.spec)} | {speedup} | {_num(lv.base_per_req)} "
+            f"| {_num(lv.spec_per_req)} | {_num(lv.base_latency, 2)} | {_num(lv.spec_latency, 2)} | {accept} |"
+        )
+    return "\n".join(lines)
+
+
+def crossover_line(analysis: Analysis) -> str:
+    cross = analysis.crossover
+    if cross.value is None:
+        return f"Crossover: none in the measured range - {cross.message}"
+    line = f"Crossover (interpolated): C = {cross.value:.1f}"
+    if cross.low is not None and cross.high is not None and cross.std is not None:
+        line += f" (run pairs: {cross.low:.1f} .. {cross.high:.1f}, sd {cross.std:.1f}, {cross.pairs} pairs"
+        line += f", {cross.pairs_without} without a crossing)" if cross.pairs_without else ")"
+    return f"{line} - {cross.message}"
+
+
+def model_line(analysis: Analysis) -> str:
+    m = analysis.model
+    if m is None:
+        return "Cost model: not fitted (needs two levels with throughput in each sweep)"
+    text = (
+        f"Cost model: base step a + bB with a = {m.a * 1e3:.2f} ms, b = {m.b * 1e3:.3f} ms/request; "
+        f"spec step (c + dB)/tau with c/tau = {m.c_over_tau * 1e3:.2f} ms, d/tau = {m.d_over_tau * 1e3:.3f} ms/request"
+    )
+    if m.tau is not None and m.c is not None and m.d is not None:
+        text += f"; tau = {m.tau:.2f} -> c = {m.c * 1e3:.2f} ms, d = {m.d * 1e3:.3f} ms/request"
+    else:
+        text += "; tau not reported by the server (c and d unknown, their crossover is not affected)"
+    text += f"; R^2 {m.r2_base:.3f} / {m.r2_spec:.3f}"
+    pred = f"C = {m.predicted:.1f}" if m.predicted is not None else "none"
+    return f"{text}\nModel crossover: {pred} - {m.message}"
+
+
+def policies_text(p: Policies | None, reason: str) -> str:
+    if p is None:
+        return f"Policies: none - {reason}"
+    sglang = json.dumps(p.sglang_adaptive, separators=(", ", ": "))
+    return "\n".join(
+        [
+            f"Policies (crossover {p.crossover:.1f}: speculation off from batch {p.off_at}"
+            + (f", one draft step from {p.reduced_from}" if p.reduced_from else "")
+            + f", {p.steps} steps below):",
+            "SGLang: --speculative-adaptive --speculative-adaptive-config spec-adaptive.json (EAGLE3, topk 1), with",
+            f"  spec-adaptive.json = {sglang}",
+            f"vLLM: --speculative-config '{json.dumps(vllm_config(p))}'",
+            "TensorRT-LLM extra_llm_api_options.yaml:",
+            *("  " + line for line in trtllm_yaml(p).splitlines()),
+            f"Router: {p.router['rule']}",
+        ]
+    )
+
+
+def render_text(analysis: Analysis, names: tuple[str, str], policies: Policies | None, reason: str) -> str:
+    parts = [
+        f"Speculation crossover: {names[0]} ({analysis.base_runs} run(s)) vs {names[1]} ({analysis.spec_runs} run(s))",
+        "",
+        side_by_side(analysis),
+        "",
+        crossover_line(analysis),
+        model_line(analysis),
+        "",
+        policies_text(policies, reason),
+    ]
+    parts += [f"warning: {w}" for w in analysis.warnings]
+    return "\n".join(parts)
+
+
+def render_json(analysis: Analysis, names: tuple[str, str], policies: Policies | None, reason: str) -> str:
+    out: dict[str, object] = {"base": names[0], "spec": names[1], **asdict(analysis)}
+    if analysis.model is not None:
+        out["model"] = dict(asdict(analysis.model), c=analysis.model.c, d=analysis.model.d)
+    if policies is None:
+        out["policies"] = None
+        out["policies_reason"] = reason
+    else:
+        out["policies"] = {
+            "sglang_speculative_adaptive_config": policies.sglang_adaptive,
+            "vllm_speculative_config": vllm_config(policies),
+            "trtllm_extra_llm_api_options_yaml": trtllm_yaml(policies),
+            "router": policies.router,
+        }
+    return json.dumps(out, indent=2, default=_nan_safe)
+
+
+def _nan_safe(value: object) -> object:
+    return str(value)
