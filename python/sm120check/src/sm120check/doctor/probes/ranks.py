@@ -153,12 +153,14 @@ def launch(
             )
             log.close()
         deadline = start + timeout
-        while any(p.poll() is None for p in procs):
+        failed = False
+        while [p.poll() for p in procs].count(None):  # poll every rank: any() would stop at the first
             now = time.monotonic()
             if now >= deadline:
-                timed_out = not any(p.returncode not in (None, 0) for p in procs)
+                timed_out = not failed
                 break
-            if any(p.returncode not in (None, 0) for p in procs):
+            if not failed and any(p.returncode not in (None, 0) for p in procs):
+                failed = True  # the others are likely stuck waiting for it: give them `grace`, once
                 deadline = min(deadline, now + grace)
             time.sleep(0.05)
     finally:
