@@ -100,7 +100,7 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
             )
 
     nccl = str(s.get("nccl_version", ""))
-    if not VERSION.match(nccl):
+    if not RELEASE.match(nccl):
         problems.append(f"sm120kit_nccl_version: '{nccl}' is not an exact version such as \"2.30.7\"{WHERE}")
     elif _version_tuple(nccl) < NCCL_MIN:
         problems.append(
