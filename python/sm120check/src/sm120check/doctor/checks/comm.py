@@ -514,7 +514,9 @@ def judge_fusion(data: Mapping[str, Any], gate: flashinfer_release.FusionGate, t
     )
     pcie = data.get("pcie_ipc")
     details = [jit_note, target]
-    if isinstance(pcie, Mapping):
+    if isinstance(pcie, Mapping) and pcie.get("error"):
+        details.append(f"PcieIpcAllReduceWorkspace failed: {pcie['error']}")
+    elif isinstance(pcie, Mapping):
         pcie_latency = dict(pcie.get("latency_us") or {})
         details.append(
             f"PcieIpcAllReduceWorkspace ({pcie.get('profile')}): {'correct' if pcie.get('correct') else 'WRONG'}, "

@@ -111,7 +111,10 @@ def rank_main(ctx: RankContext) -> Mapping[str, Any]:
                 destroy()
         data["sizes"] = sizes
         if args["pcie"] and hasattr(fc, "PcieIpcAllReduceWorkspace"):
-            data["pcie_ipc"] = _pcie_ipc(ctx, fc, device, timing)
+            try:  # the workspace raises on every rank together, so no rank is left waiting
+                data["pcie_ipc"] = _pcie_ipc(ctx, fc, device, timing)
+            except Exception as exc:
+                data["pcie_ipc_error"] = f"{type(exc).__name__}: {exc}"
         torch.cuda.synchronize()
     return data
 
@@ -177,6 +180,9 @@ def summarize(launch_ok: bool, problem: str, seconds: float, ranks: list[dict[st
                 latency[kind][tokens] = max(latency[kind].get(tokens, 0.0), float(stats["median_us"]))
     out["max_rel_err"] = errors
     out["latency_us"] = latency
+    pcie_errors = [str(r["pcie_ipc_error"]) for r in ranks if r.get("pcie_ipc_error")]
+    if pcie_errors:
+        out["pcie_ipc"] = {"error": pcie_errors[0]}
     pcie = [r["pcie_ipc"] for r in ranks if r.get("pcie_ipc")]
     if pcie:
         merged: dict[str, Any] = {"profile": pcie[0].get("profile"), "correct": True, "latency_us": {}}
@@ -209,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = co.rank_args(ns)
     args.update(backend=ns.backend, pcie=ns.pcie, modules=modules)
-    result = launch(f"{__name__}:rank_main", len(args["gpus"]), args, timeout=ns.timeout)
+    result = launch("sm120check.doctor.probes.fusion:rank_main", len(args["gpus"]), args, timeout=ns.timeout)
     out = summarize(result.ok, result.problem, result.seconds, [dict(r.data) for r in result.ranks])
     out.update(timed_out=result.timed_out, shm_removed=list(result.shm_removed))
     emit(out)

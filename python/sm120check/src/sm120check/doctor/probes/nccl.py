@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     args = co.rank_args(ns)
     args["correctness_only"] = ns.correctness_only
-    result = launch(f"{__name__}:rank_main", len(args["gpus"]), args, timeout=ns.timeout)
+    result = launch("sm120check.doctor.probes.nccl:rank_main", len(args["gpus"]), args, timeout=ns.timeout)
     emit(
         summarize(
             result.ok,

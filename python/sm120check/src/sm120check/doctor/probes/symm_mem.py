@@ -11,7 +11,7 @@ import argparse
 import functools
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sm120check.doctor.child import emit
@@ -32,10 +32,8 @@ def rank_main(ctx: RankContext) -> Mapping[str, Any]:
         if enable is not None:  # needed before torch 2.9, harmless after
             enable(group_name)
         data: dict[str, Any] = dict(co.device_info(device), rank=ctx.rank, torch=torch.__version__)
-        nvshmem = getattr(symm_mem, "is_nvshmem_available", None)
-        data["nvshmem_available"] = bool(nvshmem()) if nvshmem else None
-        get_backend = getattr(symm_mem, "get_backend", None)
-        data["backend"] = str(get_backend(device)) if get_backend else ""
+        data["nvshmem_available"] = _optional(lambda: bool(symm_mem.is_nvshmem_available()))
+        data["backend"] = _optional(lambda: str(symm_mem.get_backend(device)))
         ops = torch.ops.symm_mem
         allow_multimem = not co.multicast_forbidden()
         sizes: dict[str, Any] = {}
@@ -83,6 +81,14 @@ def rank_main(ctx: RankContext) -> Mapping[str, Any]:
         return data
 
 
+def _optional(read: Callable[[], object]) -> object:
+    """A fact only some torch releases can tell (is_nvshmem_available 2.8+, get_backend 2.9+)."""
+    try:
+        return read()
+    except Exception as exc:  # absent API or backend: report it, never fail the probe for it
+        return f"unavailable: {type(exc).__name__}"
+
+
 def summarize(launch_ok: bool, problem: str, seconds: float, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"ok": launch_ok, "problem": problem, "seconds": round(seconds, 2), "ranks": ranks}
     if not launch_ok:
@@ -110,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     co.common_args(parser)
     ns = parser.parse_args(argv)
     args = co.rank_args(ns)
-    result = launch(f"{__name__}:rank_main", len(args["gpus"]), args, timeout=ns.timeout)
+    result = launch("sm120check.doctor.probes.symm_mem:rank_main", len(args["gpus"]), args, timeout=ns.timeout)
     out = summarize(result.ok, result.problem, result.seconds, [dict(r.data) for r in result.ranks])
     out.update(timed_out=result.timed_out, shm_removed=list(result.shm_removed))
     out["env"] = {
