@@ -1,0 +1,76 @@
+"""Helpers for the SGLang tests: real releases from PyPI, cached in .cache/sglang/<version>, and the CLI in-process."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = REPO / ".cache" / "sglang"
+FIXTURES = Path(__file__).parent / "fixtures"
+RELEASES = ("0.5.4", "0.5.9", "0.5.10", "0.5.14", "0.5.16", "0.5.23")
+
+
+def release_dir(version: str) -> Path:
+    """The unpacked wheel of `sglang==version` (it holds `sglang/`), downloaded once."""
+    target = CACHE / version
+    if (target / "sglang" / "srt").is_dir():
+        return target
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), f"sglang=={version}"],
+        check=True,
+        timeout=600,
+    )
+    wheel = next(w for w in sorted(wheels.glob(f"sglang-{version}-*.whl")))
+    partial = CACHE / f".{version}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(partial)
+    partial.rename(target)
+    return target
+
+
+def run_cli(*argv: str) -> tuple[int, str]:
+    """`sm120check sglang ARGV` in-process: (exit status, stdout)."""
+    from sm120check.sglang import cli
+
+    parser = argparse.ArgumentParser(prog="sm120check")
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["sglang", *argv])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        status = args.handler(args)
+    return status, out.getvalue()
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@dataclass(frozen=True)
+class PatchCycle:
+    """What happened to a copy of one release: patch, scan again, patch again, revert."""
+
+    version: str
+    first: dict[str, object]
+    scan_after: dict[str, object]
+    scan_after_status: int
+    second: dict[str, object]
+    check_after_status: int
+    reverted: dict[str, object]
+    hashes_before: dict[str, str]
+    hashes_after_revert: dict[str, str]
