@@ -151,7 +151,7 @@ def test_revert_restores_every_file_byte_identical(cycles: dict[str, PatchCycle]
 
 
 def test_fusion_gate_left_alone_when_flashinfer_predates_0_6_17() -> None:
-    status, text = run_cli(
+    _status, text = run_cli(
         "scan", "--json", "--cc", "12.0", "--flashinfer-version", "0.6.12", "--source", str(release_dir("0.5.14"))
     )
     gates = [f for f in json.loads(text)["findings"] if f["id"].startswith("fusion-gate:")]
@@ -159,6 +159,6 @@ def test_fusion_gate_left_alone_when_flashinfer_predates_0_6_17() -> None:
 
 
 def test_hopper_needs_only_the_multicast_relaxation_in_the_communicator() -> None:
-    status, text = run_cli("scan", "--json", "--cc", "9.0", "--source", str(release_dir("0.5.23")))
+    _status, text = run_cli("scan", "--json", "--cc", "9.0", "--source", str(release_dir("0.5.23")))
     failing = {f["id"] for f in json.loads(text)["findings"] if not f["ok"]}
     assert {f for f in failing if not f.startswith("eagle3:")} == {"multicast-early-return"}
