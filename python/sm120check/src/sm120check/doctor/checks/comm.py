@@ -13,7 +13,7 @@ from importlib import metadata
 from typing import Any, ClassVar
 
 from sm120check.comm import flashinfer_jit, flashinfer_release, topology
-from sm120check.doctor import remedies
+from sm120check.doctor import remedies, stackenv
 from sm120check.doctor.child import ChildOutcome, run_probe
 from sm120check.doctor.model import Context, Result, Status
 
@@ -236,7 +236,7 @@ class NcclAllreduce:
         if isinstance(gpus, Result):
             return gpus
         args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
-        outcome = run_probe(f"{PROBES}.nccl", args, timeout=ctx.timeout)
+        outcome = run_probe(f"{PROBES}.nccl", args, timeout=ctx.timeout, **_stack(ctx))
         if outcome.ok and not outcome.data.get("timed_out"):
             return judge_nccl(outcome.data, len(gpus))
         hang = outcome.timed_out or bool(outcome.data.get("timed_out"))
@@ -254,7 +254,8 @@ class NcclAllreduce:
             f"{PROBES}.nccl",
             ["--gpus", _gpu_arg(gpus), "--timeout", "55", "--correctness-only"],
             timeout=60.0,
-            env={"NCCL_P2P_DISABLE": "1"},
+            python=_stack(ctx)["python"],
+            env={"NCCL_P2P_DISABLE": "1", **stackenv.probe_env()},
         )
         works_without_p2p = retry.ok and bool(retry.data.get("ok")) and bool(retry.data.get("correct"))
         where = outcome.data.get("problem") or outcome.problem
@@ -321,7 +322,7 @@ class SymmMem:
         if isinstance(gpus, Result):
             return gpus
         args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
-        outcome = run_probe(f"{PROBES}.symm_mem", args, timeout=ctx.timeout)
+        outcome = run_probe(f"{PROBES}.symm_mem", args, timeout=ctx.timeout, **_stack(ctx))
         if not outcome.ok:
             return _child_failure(self.id, "symmetric-memory probe", outcome, P2P_REMEDY)
         return judge_symm_mem(outcome.data)
@@ -392,9 +393,8 @@ class AllreduceFusion:
         gpus = selected_gpus(ctx, self.id, need_torch=True)
         if isinstance(gpus, Result):
             return gpus
-        try:
-            version = metadata.version("flashinfer-python")
-        except metadata.PackageNotFoundError:
+        version = flashinfer_version(ctx)
+        if not version:
             return _skip(self.id, "FlashInfer is not installed", f"{remedies.PYTHON_STACK} installs flashinfer-python")
         pin = ctx.manifest.python_packages.get("flashinfer-python") if ctx.manifest else None
         caps = [capability(g) for g in gpus]
@@ -411,12 +411,28 @@ class AllreduceFusion:
         cached = predicted_cached(version, all_caps)
         timeout = ctx.timeout if cached else jit_timeout(ctx)
         args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, timeout - 5))]
-        outcome = run_probe(f"{PROBES}.fusion", args, timeout=timeout)
+        outcome = run_probe(f"{PROBES}.fusion", args, timeout=timeout, **_stack(ctx))
         if not outcome.ok:
             return _child_failure(
                 self.id, "allreduce-fusion probe", outcome, f"warm the JIT cache first: {WARM_COMMAND}"
             )
         return judge_fusion(outcome.data, gate, timeout)
+
+
+def _stack(ctx: Context) -> dict[str, Any]:
+    """Run torch probes with the stack venv's interpreter (the manifest's venv), like the torch check."""
+    return {"python": str(stackenv.python(ctx)), "env": stackenv.probe_env()}
+
+
+def flashinfer_version(ctx: Context) -> str:
+    """flashinfer-python's version in the stack venv ("" if absent); the running interpreter's path otherwise."""
+    venv = stackenv.prefix(ctx)
+    if ctx.manifest is not None and ctx.manifest.venv:
+        return stackenv.installed(venv).get("flashinfer-python", "")
+    try:
+        return metadata.version("flashinfer-python")
+    except metadata.PackageNotFoundError:
+        return ""
 
 
 def jit_timeout(ctx: Context) -> float:
