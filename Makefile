@@ -1,0 +1,54 @@
+# sm120kit developer and CI entry points. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PROFILE ?= core
+# Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k doctor"`.
+PYTEST_ARGS ?=
+
+.PHONY: help venv provision wheelhouse lab lint test test-fast test-full bench readmes clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+venv: $(BIN)/.installed  ## the controller and developer tools (ansible, ansible-lint, pytest, ruff, mypy)
+
+$(BIN)/.installed: requirements-dev.txt python/sm120check/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q -r requirements-dev.txt
+	$(BIN)/pip install --disable-pip-version-check -q -e python/sm120check
+	touch $@
+
+provision: venv  ## the main job: converge this machine (inventory/localhost.yml) with ansible-playbook site.yml
+	$(BIN)/ansible-playbook site.yml
+
+wheelhouse: venv  ## collect every wheel of PROFILE (core or full) into build/wheelhouse/PROFILE
+	$(BIN)/ansible-playbook playbooks/wheelhouse.yml -e wheelhouse_profile=$(PROFILE)
+
+lab:  ## install podman and build the node image for the container tests (root, idempotent)
+	scripts/lab/setup
+
+lint: venv  ## ruff, mypy, role README tables (ansible-lint runs in the tests)
+	$(BIN)/ruff check python tests benchmarks scripts roles
+	$(BIN)/ruff format --check python tests benchmarks scripts roles
+	$(BIN)/mypy
+	$(BIN)/python scripts/role_readme.py --check
+
+test: venv lab lint  ## every test this machine can run: unit, Ansible, container integration
+	$(BIN)/pytest -m "not gpu and not full" $(PYTEST_ARGS)
+
+test-fast: venv  ## the fast tier: no containers, no downloads
+	$(BIN)/pytest -m "not container and not slow and not gpu and not full" $(PYTEST_ARGS)
+
+test-full: venv lab  ## converge the full profile (torch, FlashInfer, SGLang) into a container from a wheelhouse
+	$(BIN)/pytest -m full $(PYTEST_ARGS)
+
+bench: venv  ## benchmarks: print tables and write benchmarks/results/*.json
+	$(BIN)/python benchmarks/run_all.py
+
+readmes: venv  ## regenerate the role README variable tables from the argument specs
+	$(BIN)/python scripts/role_readme.py
+
+clean:  ## remove build outputs (keeps caches under .cache)
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache
