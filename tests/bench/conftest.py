@@ -1,0 +1,78 @@
+"""Fixtures for the bench tests: simulated servers in child processes and a way to run the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+# Parameters of the simulated servers: crossover (tau*a - c)/(d - tau*b) = (20 - 13)/(1.2 - 0.8) = 17.5
+SIM_ARGS = ["--a-ms", "10", "--b-ms", "0.4", "--c-ms", "13", "--d-ms", "1.2", "--tau", "2"]
+TRUE_CROSSOVER = 17.5
+
+
+@dataclass
+class Sim:
+    url: str
+    proc: subprocess.Popen[str]
+
+
+def start_sim(mode: str, *extra: str) -> Sim:
+    cmd = [sys.executable, "-m", "sm120check.bench.simserver", "--mode", mode, "--port", "0", "--max-seconds", "600"]
+    proc = subprocess.Popen([*cmd, *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    match = re.search(r"http://127\.0\.0\.1:\d+", line)
+    if not match:
+        proc.kill()
+        raise RuntimeError(f"simulated server did not start: {line!r}")
+    return Sim(match.group(0), proc)
+
+
+def stop_sim(sim: Sim) -> None:
+    sim.proc.terminate()
+    try:
+        sim.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        sim.proc.kill()
+        sim.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def sim_factory() -> Iterator[Callable[..., Sim]]:
+    started: list[Sim] = []
+
+    def make(mode: str, *extra: str) -> Sim:
+        sim = start_sim(mode, *extra)
+        started.append(sim)
+        return sim
+
+    yield make
+    for sim in started:
+        stop_sim(sim)
+
+
+@pytest.fixture(scope="session")
+def plain_sim(sim_factory: Callable[..., Sim]) -> Sim:
+    return sim_factory("plain", *SIM_ARGS)
+
+
+@pytest.fixture(scope="session")
+def spec_sim(sim_factory: Callable[..., Sim]) -> Sim:
+    return sim_factory("spec", *SIM_ARGS)
+
+
+def run_subcommand(*argv: str) -> int:
+    """Run `sm120check <argv>` through the subcommand's own register hook (as cli.py dispatches it)."""
+    module = {"bench": "sm120check.bench.cli", "crossover": "sm120check.bench.crossover_cli"}[argv[0]]
+    parser = argparse.ArgumentParser(prog="sm120check")
+    importlib.import_module(module).register(parser.add_subparsers())
+    args = parser.parse_args(list(argv))
+    code: int = args.handler(args)
+    return code

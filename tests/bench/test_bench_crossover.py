@@ -1,0 +1,164 @@
+"""`sm120check crossover` finds the crossover the simulated servers were built with, and says so when there is none.
+
+The simulated servers (conftest.SIM_ARGS) have a plain step of 10 + 0.4*B ms, a verify step of 13 + 1.2*B ms and
+an accepted length of 2, so speculation stops paying at B = 17.5. Stated tolerance: the interpolated and the model
+crossover within 15% of 17.5 (typically within 3% here), step-time parameters within 15%.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.conftest import TRUE_CROSSOVER, Sim, run_subcommand
+from sm120check.bench.crossover import analyze
+from sm120check.bench.records import LevelSummary, append_jsonl, read_jsonl, seed_table
+from sm120check.bench.stats import Dist
+
+LEVELS = "1,4,8,16,32,64"
+
+
+@pytest.fixture(scope="module")
+def sweeps(plain_sim: Sim, spec_sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two repeated sweeps per server (about 30 s on two cores)."""
+    root = tmp_path_factory.mktemp("sweeps")
+    base, spec = root / "base.jsonl", root / "spec.jsonl"
+    for _ in range(2):
+        for sim, out, label in ((plain_sim, base, "base"), (spec_sim, spec, "spec")):
+            args = ["--url", sim.url, "--concurrency", LEVELS, "--output-len", "32", "--duration", "0.5", "--quiet"]
+            assert run_subcommand("bench", *args, "--label", label, "--out", str(out)) == 0
+    return base, spec
+
+
+def test_interpolated_crossover_matches_the_servers_true_crossover(sweeps: tuple[Path, Path]) -> None:
+    analysis = analyze(read_jsonl(sweeps[0]), read_jsonl(sweeps[1]), ("base", "spec"))
+    cross = analysis.crossover
+    assert cross.status == "found" and cross.value is not None
+    assert cross.value == pytest.approx(TRUE_CROSSOVER, rel=0.15)
+    assert (analysis.base_runs, analysis.spec_runs, cross.pairs) == (2, 2, 4)
+    assert cross.low is not None and cross.high is not None and cross.low <= cross.value <= cross.high
+
+
+def test_cost_model_recovers_step_times_accepted_length_and_crossover(sweeps: tuple[Path, Path]) -> None:
+    model = analyze(read_jsonl(sweeps[0]), read_jsonl(sweeps[1]), ("base", "spec")).model
+    assert model is not None and model.c is not None and model.d is not None and model.tau is not None
+    assert model.tau == pytest.approx(2.0, abs=0.05)
+    assert (model.a, model.b) == (pytest.approx(0.010, rel=0.15), pytest.approx(0.0004, rel=0.15))
+    assert (model.c, model.d) == (pytest.approx(0.013, rel=0.15), pytest.approx(0.0012, rel=0.15))
+    assert model.predicted == pytest.approx(TRUE_CROSSOVER, rel=0.15)
+
+
+def test_report_shows_both_sweeps_side_by_side_and_the_policies(
+    sweeps: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_subcommand("crossover", str(sweeps[0]), str(sweeps[1]), "--write-policies", str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "| Concurrency | Base (tok/s) | Spec (tok/s) | Speedup |" in out
+    assert out.count("\n| ") == 7  # header and six levels
+    assert "Crossover (interpolated): C = " in out and "Model crossover: C = " in out
+    sglang = json.loads((tmp_path / "sglang-spec-adaptive.json").read_text())
+    off_key = max(sglang, key=int)
+    assert sglang[off_key] == {"candidate_steps": [0]}
+    assert int(off_key) == pytest.approx(TRUE_CROSSOVER, rel=0.2)
+    assert 3 in sglang["1"]["candidate_steps"]  # the server's --speculative-num-steps must stay a candidate
+    vllm = json.loads((tmp_path / "vllm-speculative-config.json").read_text())
+    assert vllm["num_speculative_tokens_per_batch_size"][-1][:1] == [int(off_key)]
+    assert vllm["num_speculative_tokens_per_batch_size"][-1][2] == 0
+    trt = (tmp_path / "trtllm-extra-llm-api-options.yaml").read_text()
+    assert f"max_concurrency: {int(off_key) - 1}" in trt
+    router = json.loads((tmp_path / "router-rule.json").read_text())
+    assert router["switch_back_to_spec_at_or_below"] < TRUE_CROSSOVER < router["switch_to_plain_at_or_above"] + 1
+
+
+def test_json_format_carries_the_same_numbers(sweeps: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_subcommand("crossover", str(sweeps[0]), str(sweeps[1]), "--format", "json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["crossover"]["value"] == pytest.approx(TRUE_CROSSOVER, rel=0.15)
+    assert data["policies"]["sglang_speculative_adaptive_config"]["1"]["candidate_steps"]
+
+
+def test_plot_is_written(sweeps: tuple[Path, Path], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "crossover.png"
+    assert run_subcommand("crossover", str(sweeps[0]), str(sweeps[1]), "--png", str(png)) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- bad and borderline input (records written through the same code the bench uses) --------------------------
+
+
+def write(path: Path, label: str, points: dict[int, float], run_id: str = "r1") -> Path:
+    append_jsonl(
+        path, [LevelSummary(c, tput, 10.0, int(tput * 10), 20, 0, label, run_id) for c, tput in points.items()]
+    )
+    return path
+
+
+def test_empty_file_is_rejected_with_the_command_that_fills_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "base.jsonl"
+    empty.write_text("")
+    spec = write(tmp_path / "spec.jsonl", "spec", {1: 100.0, 2: 150.0})
+    assert run_subcommand("crossover", str(empty), str(spec)) == 2
+    assert f"{empty} holds no bench records; write some with `sm120check bench" in capsys.readouterr().err
+
+
+def test_sweeps_without_common_levels_are_rejected_naming_the_levels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = write(tmp_path / "base.jsonl", "base", {1: 90.0, 2: 170.0})
+    spec = write(tmp_path / "spec.jsonl", "spec", {2: 150.0, 4: 200.0})
+    assert run_subcommand("crossover", str(base), str(spec)) == 2
+    err = capsys.readouterr().err
+    assert "share 1 concurrency level(s) (2;" in err and "has 1,2" in err and "has 2,4" in err
+    assert "same --concurrency" in err
+
+
+def test_speculation_winning_everywhere_reports_no_crossover_and_no_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = write(tmp_path / "base.jsonl", "base", {1: 90.0, 10: 500.0, 100: 900.0})
+    spec = write(tmp_path / "spec.jsonl", "spec", {1: 130.0, 10: 600.0, 100: 950.0})
+    assert run_subcommand("crossover", str(base), str(spec)) == 0
+    out = capsys.readouterr().out
+    assert "Crossover: none in the measured range" in out and "lies above C=100" in out
+    assert "Policies: none" in out and "Crossover (interpolated)" not in out
+
+
+def test_speculation_losing_at_the_first_level_says_it_never_pays(tmp_path: Path) -> None:
+    base = write(tmp_path / "base.jsonl", "base", {1: 90.0, 10: 500.0})
+    spec = write(tmp_path / "spec.jsonl", "spec", {1: 80.0, 10: 400.0})
+    cross = analyze(read_jsonl(base), read_jsonl(spec), ("b", "s")).crossover
+    assert (cross.status, cross.value) == ("below-range", None)
+    assert "slower already at the lowest level C=1" in cross.message
+
+
+def test_bad_json_line_is_named_by_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = write(tmp_path / "base.jsonl", "base", {1: 90.0, 2: 150.0})
+    with base.open("a") as fh:
+        fh.write("{not json\n")
+    spec = write(tmp_path / "spec.jsonl", "spec", {1: 100.0, 2: 150.0})
+    assert run_subcommand("crossover", str(base), str(spec)) == 2
+    assert f"{base}:3: not JSON" in capsys.readouterr().err
+
+
+def test_seed_accounts_table_is_reproduced_in_its_format() -> None:
+    # The EAGLE-3 sweep of the seed account (8x RTX PRO 6000, Kimi-K2.5-NVFP4), msg 5417, first four rows.
+    rows = [(1, 77.5, 77.7, 6.6), (2, 125.1, 62.9, 8.2), (5, 183.2, 37.3, 13.8), (250, 340.9, 2.9, 243.6)]
+    summaries = [
+        LevelSummary(
+            c, tput, 60.0, 0, c, 0, per_request_tok_s=Dist(1, per, per, per, per), e2e_s=Dist(1, lat, lat, lat, lat)
+        )
+        for c, tput, per, lat in rows
+    ]
+    assert seed_table(summaries).splitlines() == [
+        "| Concurrency | Throughput (tok/s) | Per-Req (tok/s) | Avg Latency (s) |",
+        "|---|---|---|---|",
+        "| 1 | 77.5 | 77.7 | 6.6 |",
+        "| 2 | 125.1 | 62.9 | 8.2 |",
+        "| 5 | 183.2 | 37.3 | 13.8 |",
+        "| 250 | 340.9 | 2.9 | 243.6 |",
+    ]

@@ -1,0 +1,45 @@
+"""The chunked and SSE decoders accept what the socket hands them, however it is split."""
+
+from __future__ import annotations
+
+import pytest
+
+from sm120check.bench.wire import ChunkedDecoder, SseDecoder, WireError
+
+# Two SSE events in chunked framing, as SGLang and vLLM send them (one event per chunk), then the last chunk.
+BODY = b'19\r\ndata: {"a": 1}\n\ndata: [DO\r\n5\r\nNE]\n\n\r\n0\r\n\r\n'
+
+
+def feed_split(decoder_feed, data: bytes, size: int) -> list:
+    out = []
+    for i in range(0, len(data), size):
+        out.append(decoder_feed(data[i : i + size]))
+    return out
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+def test_chunked_body_decodes_identically_however_it_is_split(size: int) -> None:
+    decoder = ChunkedDecoder()
+    payload = b"".join(feed_split(decoder.feed, BODY, size))
+    assert payload == b'data: {"a": 1}\n\ndata: [DONE]\n\n'
+    assert decoder.done
+    assert decoder.leftover == b""
+
+
+def test_bad_chunk_size_is_reported_with_the_bytes_seen() -> None:
+    with pytest.raises(WireError, match="bad chunk size line b'zz'"):
+        ChunkedDecoder().feed(b"zz\r\nhello\r\n")
+
+
+@pytest.mark.parametrize("size", [1, 5, 1000])
+def test_sse_events_come_out_whole_with_crlf_and_multiline_data(size: int) -> None:
+    stream = b'data: {"x":\r\ndata: 2}\r\n\r\n: keep-alive comment\n\ndata:[DONE]\n\n'
+    decoder = SseDecoder()
+    events = [e for part in feed_split(decoder.feed, stream, size) for e in part]
+    assert events == ['{"x":\n2}', "[DONE]"]
+
+
+def test_sse_event_without_final_blank_line_is_flushed() -> None:
+    decoder = SseDecoder()
+    assert decoder.feed(b'data: {"last": true}') == []
+    assert decoder.flush() == ['{"last": true}']
