@@ -1,0 +1,79 @@
+"""Level 1: does the installed SGLang know this GPU? Capability maps, multicast fallback, fusion gates, EAGLE-3."""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar
+
+from sm120check.doctor.model import Context, Result, Status
+
+FAMILY = "sglang"
+REMEDY = "sm120check sglang patch (role sglang_sm120, tag sglang_sm120_configure); undo with --revert"
+
+
+def _gpu_cc(ctx: Context) -> str | None:
+    driver = ctx.results.get("driver")
+    gpus = driver.data.get("gpus") if driver is not None else None
+    if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) and gpus[0].get("cc"):
+        return str(gpus[0]["cc"])
+    return None
+
+
+class SglangSm120:
+    """SGLang's source admits this GPU: symmetric-memory maps, two-shot without multicast, fusion gate, EAGLE-3."""
+
+    id: ClassVar[str] = "sglang_sm120"
+    family: ClassVar[str] = FAMILY
+    level: ClassVar[int] = 1
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    def run(self, ctx: Context) -> Result:
+        from sm120check.sglang import report
+        from sm120check.sglang.errors import SglangError
+        from sm120check.sglang.tree import SourceTree, find_installed, flashinfer_version, local_cc, parse_cc
+
+        start = time.monotonic()
+
+        def result(status: Status, summary: str, **kw: object) -> Result:
+            return Result(
+                self.id,
+                status,
+                summary,
+                family=FAMILY,
+                level=self.level,
+                seconds=time.monotonic() - start,
+                **kw,  # type: ignore[arg-type]
+            )
+
+        root = find_installed()
+        if root is None:
+            return result(Status.SKIP, "SGLang is not installed in this environment")
+        try:
+            cc_text = _gpu_cc(ctx)
+            cc = parse_cc(cc_text, "driver") if cc_text else local_cc()
+            fi, origin = flashinfer_version()
+            found = report.run(SourceTree(root), cc, fi, origin)
+        except SglangError as exc:
+            return result(Status.WARN, "SGLang source not understood by sm120check", details=str(exc))
+        failing = [f for f in found.findings if not f.ok]
+        data = {
+            "sglang_version": found.version,
+            "cc": str(found.cc),
+            "needs_patch": found.needs_patch,
+            "failing": [f.id for f in failing],
+            "wrapper_gaps": len(found.eagle.wrapper_gaps),
+        }
+        details = report.render(found)
+        if found.needs_patch:
+            fixable = [f for f in failing if f.patchable]
+            summary = f"SGLang {found.version}: {len(fixable)} gap(s) for compute capability {found.cc}"
+            return result(Status.FAIL, summary, details=details, remedy=REMEDY, data=data)
+        if failing:
+            summary = f"SGLang {found.version}: patched; {len(failing)} item(s) left as is ({failing[0].summary})"
+            return result(Status.WARN, summary, details=details, data=data)
+        return result(
+            Status.PASS, f"SGLang {found.version} admits compute capability {found.cc}", details=details, data=data
+        )
+
+
+CHECKS = (SglangSm120,)
