@@ -48,6 +48,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"node manifest (default ${manifest.ENV_VAR} or {manifest.DEFAULT_PATH})",
     )
     parser.add_argument("--timeout", metavar="S", type=float, default=120.0, help="hard limit per GPU child process")
+    parser.add_argument(
+        "--jit-timeout",
+        metavar="S",
+        type=float,
+        default=None,
+        help="hard limit for a check that must JIT-compile first (FlashInfer's comm module: minutes cold; default 900)",
+    )
     parser.add_argument("--gpus", metavar="0,1", default="", help="GPU indices multi-GPU checks may use")
     parser.set_defaults(handler=main)
 
@@ -77,7 +84,7 @@ def list_checks(checks: list[Check]) -> str:
 
 def build_context(args: argparse.Namespace) -> Context:
     """Read the manifest; an explicit --manifest that cannot be read is a usage error (ValueError)."""
-    ctx = Context(timeout=args.timeout)
+    ctx = Context(timeout=args.timeout, jit_timeout=args.jit_timeout)
     if args.gpus:
         try:
             ctx.gpus = tuple(int(part) for part in _ids(args.gpus))
@@ -96,6 +103,8 @@ def build_context(args: argparse.Namespace) -> Context:
 def main(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         return _usage(f"--timeout {args.timeout}: give a positive number of seconds")
+    if args.jit_timeout is not None and args.jit_timeout <= 0:
+        return _usage(f"--jit-timeout {args.jit_timeout}: give a positive number of seconds")
     checks = all_checks()
     if args.list:
         sys.stdout.write(list_checks(checks))

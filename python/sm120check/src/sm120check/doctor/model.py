@@ -42,6 +42,7 @@ class Context:
     manifest: Manifest | None = None
     manifest_error: str = ""
     timeout: float = 120.0  # hard limit for each GPU child process, in seconds
+    jit_timeout: float | None = None  # limit for a child that must JIT-compile first (None: check's default)
     gpus: tuple[int, ...] | None = None  # restrict multi-GPU checks to these indices
     results: dict[str, Result] = field(default_factory=dict)
 

@@ -438,7 +438,7 @@ def flashinfer_version(ctx: Context) -> str:
 def jit_timeout(ctx: Context) -> float:
     """Limit for a run that must JIT-compile first: Context.jit_timeout if the runner has it, else
     $SM120CHECK_JIT_TIMEOUT, else 900 s; never below the ordinary timeout."""
-    configured = getattr(ctx, "jit_timeout", None) or os.environ.get(JIT_TIMEOUT_ENV) or DEFAULT_JIT_TIMEOUT
+    configured = ctx.jit_timeout or os.environ.get(JIT_TIMEOUT_ENV) or DEFAULT_JIT_TIMEOUT
     try:
         seconds = float(configured)
     except ValueError:
