@@ -99,12 +99,10 @@ def flashinfer_version(sglang_root: Path | None = None) -> tuple[str | None, str
 def find_installed() -> Path | None:
     """The installed `sglang` package directory, found without importing it."""
     spec = importlib.util.find_spec("sglang")
-    if spec is None:
+    # A namespace package (a stray `sglang/` directory on sys.path) is not SGLang: it has no __init__.py.
+    if spec is None or not spec.origin or not spec.origin.endswith("__init__.py"):
         return None
-    if spec.origin and spec.origin != "namespace":
-        return Path(spec.origin).parent
-    locations = list(spec.submodule_search_locations or [])
-    return Path(locations[0]) if locations else None
+    return Path(spec.origin).parent
 
 
 def resolve_source(directory: str) -> Path:
