@@ -1,0 +1,133 @@
+"""roles/sglang_server renders the launch command the doctor's verdicts call for and waits for a live server.
+
+Runs the real role with ansible-playbook on this machine (connection local, files under a temporary directory,
+no systemd start); the health wait is tested against the simulated server and against a closed port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.conftest import Sim
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAY = "- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [sglang_server]\n"
+
+
+def doctor_report(path: Path, fusion: str, symm: str) -> Path:
+    """A report shaped like `sm120check doctor --json` (schema, results with id and status)."""
+    results = [
+        {"id": "driver", "status": "pass", "summary": "driver 580.159.04"},
+        {"id": "allreduce_fusion", "status": fusion, "summary": "FlashInfer allreduce fusion"},
+        {"id": "symm_mem", "status": symm, "summary": "torch symmetric memory"},
+    ]
+    path.write_text(json.dumps({"schema": "sm120check.doctor/1", "tool": "sm120check doctor", "results": results}))
+    return path
+
+
+def run_role(tmp: Path, *tags: str, **overrides: object) -> subprocess.CompletedProcess[str]:
+    variables: dict[str, object] = {
+        "sglang_server_model_path": "/models/Kimi-K2.5-NVFP4",
+        "sglang_server_draft_model_path": "/models/Kimi-K2.5-EAGLE3",
+        "sglang_server_python": "/opt/sm120kit/venv/bin/python",
+        "sglang_server_config_dir": str(tmp / "etc"),
+        "sglang_server_unit_dir": str(tmp / "units"),
+        "sglang_server_doctor_report": str(tmp / "doctor.json"),
+        "ansible_python_interpreter": sys.executable,
+    }
+    variables.update(overrides)
+    (tmp / "units").mkdir(exist_ok=True)
+    (tmp / "play.yml").write_text(PLAY)
+    (tmp / "vars.json").write_text(json.dumps(variables))
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), str(tmp / "play.yml"), "-i", "localhost,"]
+    cmd += ["-e", f"@{tmp / 'vars.json'}"]
+    if tags:
+        cmd += ["--tags", ",".join(tags)]
+    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_NOCOLOR": "1"}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300, check=False)
+
+
+def command(tmp: Path) -> str:
+    return (tmp / "etc" / "launch-command.txt").read_text()
+
+
+def test_passed_checks_turn_on_fusion_and_symmetric_memory_for_eagle3(tmp_path: Path) -> None:
+    doctor_report(tmp_path / "doctor.json", "pass", "pass")
+    result = run_role(tmp_path, "sglang_server_configure")
+    assert result.returncode == 0, result.stdout[-3000:]
+    cmd = command(tmp_path)
+    assert cmd.startswith("/opt/sm120kit/venv/bin/python -m sglang.launch_server --model-path /models/Kimi-K2.5-NVFP4")
+    assert "--speculative-algorithm EAGLE3 --speculative-draft-model-path /models/Kimi-K2.5-EAGLE3" in cmd
+    assert "--flashinfer-allreduce-fusion-backend auto" in cmd and "--enable-torch-symm-mem" in cmd
+    assert "enforce-disable" not in cmd
+    unit = (tmp_path / "units" / "sglang-server.service").read_text()
+    assert f"ExecStart={cmd.strip()}" in unit
+
+
+def test_failed_checks_force_fusion_off_and_leave_symmetric_memory_out(tmp_path: Path) -> None:
+    doctor_report(tmp_path / "doctor.json", "fail", "skip")
+    assert run_role(tmp_path, "sglang_server_configure").returncode == 0
+    cmd = command(tmp_path)
+    assert "--enforce-disable-flashinfer-allreduce-fusion" in cmd
+    assert "--flashinfer-allreduce-fusion-backend" not in cmd and "--enable-torch-symm-mem" not in cmd
+
+
+def test_missing_report_says_how_to_write_it_and_turns_both_off(tmp_path: Path) -> None:
+    result = run_role(tmp_path, "sglang_server_configure")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "sm120check doctor --level 3 --json >" in result.stdout
+    assert "--enable-torch-symm-mem" not in command(tmp_path)
+
+
+def test_adaptive_config_and_legacy_fusion_flag_are_rendered(tmp_path: Path) -> None:
+    doctor_report(tmp_path / "doctor.json", "pass", "fail")
+    result = run_role(
+        tmp_path,
+        "sglang_server_configure",
+        sglang_server_speculative_adaptive_config="/etc/sm120kit/sglang-spec-adaptive.json",
+        sglang_server_legacy_fusion_flag=True,
+    )
+    assert result.returncode == 0
+    cmd = command(tmp_path)
+    assert "--speculative-adaptive --speculative-adaptive-config /etc/sm120kit/sglang-spec-adaptive.json" in cmd
+    assert "--enable-flashinfer-allreduce-fusion" in cmd and "--enable-torch-symm-mem" not in cmd
+
+
+def test_speculation_without_a_draft_model_is_refused(tmp_path: Path) -> None:
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_draft_model_path="")
+    assert result.returncode != 0
+    assert "sglang_server_draft_model_path" in result.stdout
+
+
+def test_wait_returns_once_the_server_is_healthy(tmp_path: Path, plain_sim: Sim) -> None:
+    result = run_role(
+        tmp_path, "sglang_server_start", sglang_server_wait=True, sglang_server_health_url=f"{plain_sim.url}/health"
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "answered 200 after 1 poll(s)" in result.stdout and "sm120check bench --url" in result.stdout
+
+
+def test_wait_is_bounded_and_prints_a_line_per_poll(tmp_path: Path) -> None:
+    result = run_role(
+        tmp_path,
+        "sglang_server_start",
+        sglang_server_wait=True,
+        sglang_server_health_url="http://127.0.0.1:9/health",
+        sglang_server_health_retries=3,
+        sglang_server_health_delay=0,
+    )
+    assert result.returncode != 0
+    assert result.stdout.count("FAILED - RETRYING") == 3
+
+
+@pytest.mark.parametrize("setting", ["yes", "maybe"])
+def test_bad_choice_is_rejected_by_the_argument_spec(tmp_path: Path, setting: str) -> None:
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_symm_mem=setting)
+    assert result.returncode != 0
+    assert "sglang_server_symm_mem" in result.stdout
