@@ -72,8 +72,8 @@ def policies_text(p: Policies | None, reason: str) -> str:
             f"Policies (crossover {p.crossover:.1f}: speculation off from batch {p.off_at}"
             + (f", one draft step from {p.reduced_from}" if p.reduced_from else "")
             + f", {p.steps} steps below):",
-            "SGLang: --speculative-adaptive --speculative-adaptive-config spec-adaptive.json (EAGLE3, topk 1), with",
-            f"  spec-adaptive.json = {sglang}",
+            "SGLang (EAGLE3, topk 1): --speculative-adaptive --speculative-adaptive-config sglang-spec-adaptive.json",
+            f"  sglang-spec-adaptive.json = {sglang}",
             f"vLLM: --speculative-config '{json.dumps(vllm_config(p))}'",
             "TensorRT-LLM extra_llm_api_options.yaml:",
             *("  " + line for line in trtllm_yaml(p).splitlines()),
