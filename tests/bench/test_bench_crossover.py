@@ -162,3 +162,21 @@ def test_seed_accounts_table_is_reproduced_in_its_format() -> None:
         "| 5 | 183.2 | 37.3 | 13.8 |",
         "| 250 | 340.9 | 2.9 | 243.6 |",
     ]
+
+
+def test_subcommands_are_dispatched_by_the_sm120check_command(tmp_path: Path) -> None:
+    from sm120check.cli import main
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert main(["crossover", str(empty), str(empty)]) == 2
+
+
+def test_missing_matplotlib_gives_an_install_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    base = write(tmp_path / "base.jsonl", "base", {1: 90.0, 10: 500.0})
+    spec = write(tmp_path / "spec.jsonl", "spec", {1: 130.0, 10: 400.0})
+    assert run_subcommand("crossover", str(base), str(spec), "--png", str(tmp_path / "x.png")) == 2
+    assert "pip install matplotlib" in capsys.readouterr().err

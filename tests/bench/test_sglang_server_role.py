@@ -31,7 +31,7 @@ def doctor_report(path: Path, fusion: str, symm: str) -> Path:
     return path
 
 
-def run_role(tmp: Path, *tags: str, **overrides: object) -> subprocess.CompletedProcess[str]:
+def run_role(tmp: Path, *tags: str, check: bool = False, **overrides: object) -> subprocess.CompletedProcess[str]:
     variables: dict[str, object] = {
         "sglang_server_model_path": "/models/Kimi-K2.5-NVFP4",
         "sglang_server_draft_model_path": "/models/Kimi-K2.5-EAGLE3",
@@ -49,6 +49,8 @@ def run_role(tmp: Path, *tags: str, **overrides: object) -> subprocess.Completed
     cmd += ["-e", f"@{tmp / 'vars.json'}"]
     if tags:
         cmd += ["--tags", ",".join(tags)]
+    if check:
+        cmd.append("--check")
     env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_NOCOLOR": "1"}
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300, check=False)
 
@@ -131,3 +133,13 @@ def test_bad_choice_is_rejected_by_the_argument_spec(tmp_path: Path, setting: st
     result = run_role(tmp_path, "sglang_server_configure", sglang_server_symm_mem=setting)
     assert result.returncode != 0
     assert "sglang_server_symm_mem" in result.stdout
+
+
+def test_second_run_changes_nothing_and_check_mode_writes_nothing(tmp_path: Path) -> None:
+    doctor_report(tmp_path / "doctor.json", "pass", "pass")
+    check = run_role(tmp_path, "sglang_server_configure", check=True)
+    assert check.returncode == 0, check.stdout[-3000:]
+    assert not (tmp_path / "etc" / "launch-command.txt").exists()
+    assert run_role(tmp_path, "sglang_server_configure").returncode == 0
+    again = run_role(tmp_path, "sglang_server_configure")
+    assert again.returncode == 0 and "changed=0" in again.stdout
