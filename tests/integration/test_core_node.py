@@ -20,8 +20,8 @@ PREFIX = f"/opt/cuda-{CUDA_VERSION}"
 CUDA_HOME = MANIFEST["sm120kit_cuda_home"]
 VENV = MANIFEST["sm120kit_venv"]
 NVRTC_SNIPPET = (Path(__file__).parent / "nvrtc_sm120.py").read_text()
-# A clean environment: what a service started by systemd or cron sees, with no shell profile.
-CLEAN = "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+# A clean environment (Debian's default PATH, no shell profile): what a service started by systemd sees.
+CLEAN = "env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def test_toolkit_prefix_has_the_cuda_home_layout(core_host: Any) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from lab.converge import NODE_GROUPS, converge, site_argv
 from lab.playbook import start_playbook, write_inventory
 from lab.podman import Mount, Node, node_exec, podman, running_node
