@@ -9,6 +9,7 @@ Standard library only: this runs before any virtual environment exists.
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import os
 import re
@@ -232,16 +233,20 @@ def sources_text(spec: ImageSpec) -> str:
     )
 
 
-def ubuntu_keyring(workdir: Path, mirror: str) -> Path:
-    """Fetch ubuntu-keyring from the Ubuntu archive and accept it only if it holds the 2018 archive key."""
-    pool = f"{mirror}/pool/main/u/ubuntu-keyring/"
-    with urllib.request.urlopen(pool, timeout=60) as response:
-        listing = response.read().decode()
-    debs = sorted(set(re.findall(r'href="(ubuntu-keyring_[^"/]+_all\.deb)"', listing)))
-    if not debs:
-        raise LabError(f"no ubuntu-keyring package listed at {pool}")
-    deb = workdir / debs[-1]
-    with urllib.request.urlopen(pool + debs[-1], timeout=120) as response:
+def ubuntu_keyring(workdir: Path, mirror: str, suite: str) -> Path:
+    """Fetch ubuntu-keyring from the Ubuntu archive and accept it only if it holds the 2018 archive key.
+
+    The package is located through the suite's Packages index (mirrors and proxies often serve no directory
+    listings); its authenticity rests on the fingerprint check, not on the unsigned index.
+    """
+    index_url = f"{mirror}/dists/{suite}/main/binary-amd64/Packages.gz"
+    with urllib.request.urlopen(index_url, timeout=120) as response:
+        index = gzip.decompress(response.read()).decode()
+    stanza = re.search(r"^Package: ubuntu-keyring\n(?:.+\n)*?Filename: (\S+)", index, re.MULTILINE)
+    if stanza is None:
+        raise LabError(f"{index_url} lists no ubuntu-keyring package")
+    deb = workdir / Path(stanza[1]).name
+    with urllib.request.urlopen(f"{mirror}/{stanza[1]}", timeout=120) as response:
         deb.write_bytes(response.read())
     extract = workdir / "keyring"
     run(["dpkg-deb", "-x", str(deb), str(extract)])
@@ -250,7 +255,7 @@ def ubuntu_keyring(workdir: Path, mirror: str) -> Path:
         ["gpg", "--show-keys", "--with-colons", str(keyring)], capture_output=True, text=True, check=True
     )
     if f"fpr:::::::::{UBUNTU_2018_KEY}:" not in shown.stdout:
-        raise LabError(f"{deb.name} from {pool} does not hold Ubuntu's 2018 archive key {UBUNTU_2018_KEY}")
+        raise LabError(f"{deb.name} from {mirror} does not hold Ubuntu's 2018 archive key {UBUNTU_2018_KEY}")
     return keyring
 
 
@@ -262,7 +267,7 @@ def build_rootfs(spec: ImageSpec, certs: Sequence[Path], tarball: Path) -> None:
         root = workdir / "root"
         keyring = DEBIAN_KEYRING if spec.keyring_name == Path(DEBIAN_KEYRING).name else ""
         if not keyring:
-            keyring = str(ubuntu_keyring(workdir, spec.mirror))
+            keyring = str(ubuntu_keyring(workdir, spec.mirror, spec.suite))
         cmd = ["debootstrap", "--variant=minbase", "--include=python3,ca-certificates", f"--keyring={keyring}"]
         cmd += [f"--components={','.join(spec.components)}", spec.suite, str(root), spec.mirror]
         if spec.debootstrap_script:
