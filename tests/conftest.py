@@ -21,10 +21,14 @@ def in_ci() -> bool:
 
 @pytest.fixture(scope="session")
 def lab() -> str:
-    """The node image, once the lab is known to work here; skips (fails in CI) with the precise reason otherwise."""
-    problem = lab_problem(DEFAULT_IMAGE)
+    """The node image, once the lab is known to work here; skips (fails in CI) with the precise reason otherwise.
+
+    SM120KIT_LAB_IMAGE picks another image, e.g. localhost/sm120kit-node:ubuntu2404 (scripts/lab/setup --image all).
+    """
+    image = os.environ.get("SM120KIT_LAB_IMAGE") or DEFAULT_IMAGE
+    problem = lab_problem(image)
     if problem is None:
-        return DEFAULT_IMAGE
+        return image
     if in_ci():
         pytest.fail(f"container lab unavailable in CI (CI=true never skips): {problem}", pytrace=False)
     pytest.skip(f"container lab unavailable: {problem}")
