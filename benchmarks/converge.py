@@ -6,7 +6,7 @@ Measures, on this machine:
   3. `pip install` of the same wheel set (the wheelhouse's toolkit.txt and python.txt) into an empty venv.
 Prints a table and writes benchmarks/results/converge.json. Needs the container lab (scripts/lab/setup, root).
 
-    .venv/bin/python benchmarks/converge.py [--extra-vars JSON]
+    .venv/bin/python benchmarks/converge.py [--extra-vars JSON] [--note TEXT]
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def counts(run: PlaybookRun, host: str) -> dict[str, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--extra-vars", default="{}", help="JSON extra vars for both converges (default: none)")
+    parser.add_argument("--note", default="", help="free text recorded with the results (what was special)")
     args = parser.parse_args()
     extra_vars = json.loads(args.extra_vars)
     if problem := lab_problem():
@@ -92,6 +93,7 @@ def main() -> int:
             "image": DEFAULT_IMAGE,
         },
         "extra_vars": extra_vars,
+        "note": args.note,
         "wheel_set": {"wheels": len(wheels), "bytes": sum(w.stat().st_size for w in wheels)},
         "seconds": {
             "first_converge": round(first.seconds, 1),
