@@ -337,7 +337,10 @@ def image_specs(args: argparse.Namespace) -> list[ImageSpec]:
             )
         mirror = args.ubuntu_mirror.rstrip("/")
         # debootstrap 1.0.128 (Debian 12) has no noble script; noble bootstraps like every Ubuntu since gutsy.
-        specs.append(ImageSpec("ubuntu2404", "noble", mirror, mirror, ("main",), "ubuntu-archive-keyring.gpg", "gutsy"))
+        # Ubuntu installs enable universe by default; python3-venv (which the roles install) lives there in noble.
+        components = ("main", "universe")
+        keyring = "ubuntu-archive-keyring.gpg"
+        specs.append(ImageSpec("ubuntu2404", "noble", mirror, mirror, components, keyring, "gutsy"))
     return specs
 
 
