@@ -30,6 +30,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# SGLang 0.5.23 sizes the communicator's buffer for its Inkling custom allreduce (default on) from the server's
+# published config, which a bare process group lacks ("config namespace 'exec' not published"). Turning it off
+# only keeps the buffer at the capability map's size; the multicast early return, the subject of this test, is
+# reached exactly as in a server.
+SGLANG_ENV = {"SGLANG_OPT_USE_INKLING_CUSTOM_AR": "false"}
 SIZES = (7168, 64 * 7168, 4 * 1024 * 1024)  # bf16 elements: one decode token, a small batch, 8 MiB
 WORLD = 2
 TOLERANCE = 0.0625  # two bf16 ulps at the largest sums of N(0, 1) pairs; two-shot and NCCL usually agree exactly
@@ -132,6 +137,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds for each 2-rank phase")
     opts = parser.parse_args()
     os.environ.update(SAFE_ENV)
+    os.environ.update(SGLANG_ENV)
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.origin:
         print(
@@ -139,7 +145,7 @@ def main() -> int:
         )
         return 2
     source = str(Path(spec.origin).parent)
-    report: dict[str, object] = {"sglang": source, "env": SAFE_ENV, "cc": opts.cc}
+    report: dict[str, object] = {"sglang": source, "env": {**SAFE_ENV, **SGLANG_ENV}, "cc": opts.cc}
 
     unpatched = run_phase(opts.timeout)
     status, patched_info = sm120check_sglang("patch", "--source", source, "--cc", opts.cc)

@@ -87,3 +87,12 @@ def test_free_port_is_bindable_on_loopback() -> None:
 def test_zero_ranks_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one rank"):
         launch("comm_fake_ranks:echo", 0, {}, timeout=1)
+
+
+def test_a_hang_reports_where_each_rank_was_stuck(tmp_path: Path) -> None:
+    result = launch("comm_fake_ranks:hang_with_child", 2, {"pid_dir": str(tmp_path)}, timeout=3, env=ENV)
+    assert result.timed_out
+    for rank in (0, 1):
+        assert f"--- rank {rank} (first allreduce)" in result.evidence
+    # faulthandler's stacks, taken just before the kill, name the function each rank hung in.
+    assert result.evidence.count("in hang_with_child") == 2, result.evidence

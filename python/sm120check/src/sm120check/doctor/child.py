@@ -60,6 +60,7 @@ def run_probe(
         text=True,
         env=child_env,
         start_new_session=True,
+        preexec_fn=die_with_parent if sys.platform == "linux" else None,
     )
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -87,6 +88,20 @@ def run_probe(
         stderr_tail=err[-4000:],
         seconds=seconds,
     )
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Between fork and exec: have the kernel SIGKILL this child when its parent dies, so a doctor
+    killed from outside (a timeout, Ctrl-C, an OOM kill) takes its GPU children along."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

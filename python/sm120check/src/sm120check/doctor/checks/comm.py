@@ -7,6 +7,7 @@ they are against NCCL, and why not when they fail (P2P off, IOMMU/ACS, no multic
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from importlib import metadata
@@ -37,6 +38,14 @@ def _skip(check_id: str, summary: str, remedy: str = "") -> Result:
 
 def _result(check_id: str, status: Status, summary: str, **kw: Any) -> Result:
     return Result(check_id, status, summary, family=FAMILY, level=3, **kw)
+
+
+def with_evidence(result: Result, data: Mapping[str, Any]) -> Result:
+    """A failed multi-GPU result carries each failing rank's phase and log tail (Python stacks on a hang)."""
+    evidence = str(data.get("evidence") or "").strip()
+    if result.status is not Status.FAIL or not evidence:
+        return result
+    return dataclasses.replace(result, details=f"{result.details}\n{evidence}".strip())
 
 
 def selected_gpus(ctx: Context, check_id: str, need_torch: bool) -> list[dict[str, Any]] | Result:
@@ -238,7 +247,7 @@ class NcclAllreduce:
         args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
         outcome = run_probe(f"{PROBES}.nccl", args, timeout=ctx.timeout, **_stack(ctx))
         if outcome.ok and not outcome.data.get("timed_out"):
-            return judge_nccl(outcome.data, len(gpus))
+            return with_evidence(judge_nccl(outcome.data, len(gpus)), outcome.data)
         hang = outcome.timed_out or bool(outcome.data.get("timed_out"))
         if not hang:
             problem = outcome.data.get("problem") or outcome.problem
@@ -325,7 +334,7 @@ class SymmMem:
         outcome = run_probe(f"{PROBES}.symm_mem", args, timeout=ctx.timeout, **_stack(ctx))
         if not outcome.ok:
             return _child_failure(self.id, "symmetric-memory probe", outcome, P2P_REMEDY)
-        return judge_symm_mem(outcome.data)
+        return with_evidence(judge_symm_mem(outcome.data), outcome.data)
 
 
 def judge_symm_mem(data: Mapping[str, Any]) -> Result:
@@ -416,7 +425,7 @@ class AllreduceFusion:
             return _child_failure(
                 self.id, "allreduce-fusion probe", outcome, f"warm the JIT cache first: {WARM_COMMAND}"
             )
-        return judge_fusion(outcome.data, gate, timeout)
+        return with_evidence(judge_fusion(outcome.data, gate, timeout), outcome.data)
 
 
 def _stack(ctx: Context) -> dict[str, Any]:

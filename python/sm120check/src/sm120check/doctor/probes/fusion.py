@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     args.update(backend=ns.backend, pcie=ns.pcie, modules=modules)
     result = launch("sm120check.doctor.probes.fusion:rank_main", len(args["gpus"]), args, timeout=ns.timeout)
     out = summarize(result.ok, result.problem, result.seconds, [dict(r.data) for r in result.ranks])
-    out.update(timed_out=result.timed_out, shm_removed=list(result.shm_removed))
+    out.update(timed_out=result.timed_out, shm_removed=list(result.shm_removed), evidence=result.evidence)
     emit(out)
     return 0
 

@@ -76,16 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     args = co.rank_args(ns)
     args["correctness_only"] = ns.correctness_only
     result = launch("sm120check.doctor.probes.nccl:rank_main", len(args["gpus"]), args, timeout=ns.timeout)
-    emit(
-        summarize(
-            result.ok,
-            result.timed_out,
-            result.problem,
-            result.seconds,
-            [dict(r.data) for r in result.ranks],
-            result.shm_removed,
-        )
+    out = summarize(
+        result.ok,
+        result.timed_out,
+        result.problem,
+        result.seconds,
+        [dict(r.data) for r in result.ranks],
+        result.shm_removed,
     )
+    out["evidence"] = result.evidence
+    emit(out)
     return 0
 
 

@@ -17,6 +17,7 @@ process still maps or holds open (NCCL's, left by a killed rank) are unlinked.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import importlib
 import json
 import os
@@ -33,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sm120check.doctor.child import die_with_parent
+
 SHM = Path("/dev/shm")
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,15 @@ class Launch:
         return not self.timed_out and all(not r.error for r in self.ranks)
 
     @property
+    def evidence(self) -> str:
+        """Each rank that did not deliver: its phase and the end of its log (on a hang, its Python stacks)."""
+        parts = []
+        for r in self.ranks:
+            if r.error:
+                parts.append(f"--- rank {r.rank} ({r.phase or 'start'}): {r.error}\n{r.log_tail[-1500:].strip()}")
+        return "\n".join(parts)
+
+    @property
     def problem(self) -> str:
         """One line: why the ranks did not all deliver."""
         if self.timed_out:
@@ -100,16 +111,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
 
 
 def launch(
@@ -148,7 +149,7 @@ def launch(
                     stderr=subprocess.STDOUT,
                     env=rank_env,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                    preexec_fn=die_with_parent if sys.platform == "linux" else None,
                 )
             )
             log.close()
@@ -165,6 +166,12 @@ def launch(
             time.sleep(0.05)
     finally:
         killed = {p.pid for p in procs if p.poll() is None}
+        if killed:  # ask each hung rank for its Python stacks (faulthandler, into its log) before the kill
+            for proc in procs:
+                if proc.pid in killed:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGUSR1)
+            time.sleep(1.0)
         for proc in procs:
             _kill_session(proc)
         for proc in procs:
@@ -254,6 +261,7 @@ def _load(target: str) -> Callable[[RankContext], Mapping[str, Any]]:
 def _rank_main(argv: list[str]) -> int:
     target, rank_text, workdir_text = argv
     workdir = Path(workdir_text)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher's request for stacks on a hang
     spec = json.loads((workdir / "args.json").read_text())
     ctx = RankContext(int(rank_text), int(spec["world_size"]), int(spec["port"]), spec["args"], workdir)
     code = 0

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args = co.rank_args(ns)
     result = launch("sm120check.doctor.probes.symm_mem:rank_main", len(args["gpus"]), args, timeout=ns.timeout)
     out = summarize(result.ok, result.problem, result.seconds, [dict(r.data) for r in result.ranks])
-    out.update(timed_out=result.timed_out, shm_removed=list(result.shm_removed))
+    out.update(timed_out=result.timed_out, shm_removed=list(result.shm_removed), evidence=result.evidence)
     out["env"] = {
         k: os.environ.get(k, "") for k in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE", "TORCH_SYMMMEM")
     }
