@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import time
+
 import pytest
 from doctor_helpers import ToyCheck
 
 from sm120check.doctor import runner
-from sm120check.doctor.model import Context, Status
+from sm120check.doctor.model import Context, Result, Status
 
 
 def _catalogue() -> list[ToyCheck]:
@@ -83,3 +86,43 @@ def test_exit_code_is_1_only_when_something_failed() -> None:
     passing = runner.run([ToyCheck("a"), ToyCheck("b", Status.WARN), ToyCheck("c", Status.SKIP)], Context())
     assert runner.exit_code(passing) == 0
     assert runner.exit_code(runner.run([ToyCheck("d", Status.FAIL)], Context())) == 1
+
+
+class _Timed:
+    """A check that records when it ran; it waits `seconds` like a check waiting on a child process."""
+
+    family = "toy"
+
+    def __init__(self, check_id: str, level: int, log: list[tuple[str, float, float]], requires: tuple[str, ...] = ()):
+        self.id, self.level, self.requires, self.log = check_id, level, requires, log
+
+    def run(self, ctx: Context) -> Result:
+        start = time.monotonic()
+        time.sleep(0.3)
+        self.log.append((self.id, start, time.monotonic()))
+        return Result(self.id, Status.PASS, "ok")
+
+
+def test_independent_single_node_checks_run_side_by_side_and_report_in_order() -> None:
+    log: list[tuple[str, float, float]] = []
+    checks = [_Timed("a", 1, log), _Timed("b", 2, log), _Timed("c", 2, log), _Timed("d", 2, log, requires=("a",))]
+    start = time.monotonic()
+    reported: list[str] = []
+    results = runner.run(checks, Context(), on_result=lambda r: reported.append(r.id))
+    assert time.monotonic() - start < 0.9  # a, b, c together; d after a: two waits, not four
+    assert [r.id for r in results] == reported == ["a", "b", "c", "d"]
+    spans = {check_id: (begin, end) for check_id, begin, end in log}
+    assert spans["d"][0] >= spans["a"][1]  # a prerequisite finishes before its dependent starts
+
+
+def test_multi_gpu_checks_run_alone_one_after_another() -> None:
+    log: list[tuple[str, float, float]] = []
+    checks = [_Timed("single", 2, log), _Timed("nccl", 3, log), _Timed("fusion", 3, log)]
+    runner.run(checks, Context())
+    spans = sorted((begin, end) for _, begin, end in log)
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
+
+
+def test_a_prerequisite_ordered_after_its_dependent_is_refused() -> None:
+    with pytest.raises(ValueError, match="before its prerequisite"):
+        runner.run([ToyCheck("late", requires=("early",)), ToyCheck("early")], Context())

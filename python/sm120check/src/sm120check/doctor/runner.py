@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 from sm120check.doctor.model import Check, Context, Result, Status
@@ -57,18 +58,50 @@ def run(
     ctx: Context,
     on_result: Callable[[Result], None] | None = None,
 ) -> list[Result]:
-    """Run `checks` in the given order; every check yields exactly one result, whatever it does."""
-    results: list[Result] = []
+    """Run `checks`; every check yields exactly one result, whatever it does, reported in the given order.
+
+    Levels 1 and 2 run concurrently, each check as soon as its prerequisites are done: they mostly wait on
+    child processes (nvcc, an NVRTC compile, a torch import), so the doctor takes about as long as its
+    slowest chain. Level-3 checks then run one at a time, alone on the GPUs, so their timings are clean.
+    Prerequisites must come earlier in `checks` (plan() orders them so).
+    """
+    position = {check.id: index for index, check in enumerate(checks)}
     for check in checks:
-        start = time.monotonic()
-        blocked = _blocked_by(check, ctx)
-        result = blocked if blocked is not None else _run_one(check, ctx)
-        result = replace(result, id=check.id, family=check.family, level=check.level, seconds=time.monotonic() - start)
-        ctx.results[check.id] = result
-        results.append(result)
-        if on_result is not None:
-            on_result(result)
+        late = [r for r in check.requires if position.get(r, -1) > position[check.id]]
+        if late:
+            raise ValueError(f"check {check.id!r} is ordered before its prerequisite(s) {late}")
+    concurrent = [check for check in checks if check.level < 3]
+    results: list[Result] = []
+    with ThreadPoolExecutor(max_workers=max(1, len(concurrent))) as pool:
+        futures: dict[str, Future[Result]] = {}
+        for check in concurrent:
+            waits = [futures[r] for r in check.requires if r in futures]
+            futures[check.id] = pool.submit(_after, waits, check, ctx)
+        for check in concurrent:
+            results.append(futures[check.id].result())
+            if on_result is not None:
+                on_result(results[-1])
+    for check in checks:
+        if check.level >= 3:
+            results.append(_timed(check, ctx))
+            if on_result is not None:
+                on_result(results[-1])
     return results
+
+
+def _after(waits: Sequence[Future[Result]], check: Check, ctx: Context) -> Result:
+    for future in waits:
+        future.result()
+    return _timed(check, ctx)
+
+
+def _timed(check: Check, ctx: Context) -> Result:
+    start = time.monotonic()
+    blocked = _blocked_by(check, ctx)
+    result = blocked if blocked is not None else _run_one(check, ctx)
+    result = replace(result, id=check.id, family=check.family, level=check.level, seconds=time.monotonic() - start)
+    ctx.results[check.id] = result
+    return result
 
 
 def _blocked_by(check: Check, ctx: Context) -> Result | None:
