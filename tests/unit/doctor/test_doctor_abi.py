@@ -15,13 +15,19 @@ MAPS_AGREE = loader.parse_maps(fixture("proc-self-maps-agree.txt"))
 MAPS_DIFFER = loader.parse_maps(fixture("proc-self-maps-differ.txt"))
 
 
-def _venv(tmp_path: Path, dists: dict[str, str]) -> Path:
+def _venv(tmp_path: Path, dists: dict[str, str], records: dict[str, str] | None = None) -> Path:
     site = tmp_path / "lib" / "python3.12" / "site-packages"
     for name, version in dists.items():
         info = site / f"{name.replace('-', '_')}-{version}.dist-info"
         info.mkdir(parents=True)
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8")
+        if records and name in records:
+            (info / "RECORD").write_text(records[name], encoding="utf-8")
     return tmp_path
+
+
+def _verdict(venv: Path) -> Status:
+    return wheels_verdict(stackenv.installed(venv), str(venv), stackenv.nvidia_layouts(venv)).status
 
 
 def test_torch_cuda_major_from_its_version() -> None:
@@ -87,3 +93,18 @@ def test_cuda12_runtime_mapped_in_a_torch_process_fails() -> None:
     mapped = {"libcudart": ["/venv/lib/python3.12/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12"]}
     result = libs_verdict(mapped, {}, {})
     assert result.status is Status.FAIL and "CUDA 12 copy mapped" in result.summary
+
+
+def test_cuda13_math_wheels_with_library_version_12_pass(tmp_path: Path) -> None:
+    # torch 2.11+ depends on cuFFT 12.0 (CUDA 13.0's cuFFT): its version is the library's, its files are cu13's.
+    record = fixture("nvidia_cufft-12.0.0.61.RECORD")
+    venv = _venv(tmp_path, {"torch": "2.14.1", "nvidia-cufft": "12.0.0.61"}, {"nvidia-cufft": record})
+    assert "nvidia/cu13/lib/libcufft.so.12" in record
+    assert _verdict(venv) is Status.PASS
+
+
+def test_unsuffixed_wheel_with_files_under_cu12_fails(tmp_path: Path) -> None:
+    record = fixture("nvidia_cufft-12.0.0.61.RECORD").replace("nvidia/cu13/", "nvidia/cu12/")
+    venv = _venv(tmp_path, {"torch": "2.14.1", "nvidia-cufft": "11.4.1.4"}, {"nvidia-cufft": record})
+    result = wheels_verdict(stackenv.installed(venv), str(venv), stackenv.nvidia_layouts(venv))
+    assert result.status is Status.FAIL and "nvidia-cufft 11.4.1.4 (files under nvidia/cu12)" in result.summary

@@ -45,6 +45,27 @@ def normalize(name: str) -> str:
     return "-".join(name.lower().replace("_", "-").replace(".", "-").split("-"))
 
 
+def nvidia_layouts(venv: Path) -> dict[str, set[str]]:
+    """For each nvidia-* distribution of the venv, the CUDA trees its files live in ("cu12", "cu13").
+
+    NVIDIA's unsuffixed wheels put their files under nvidia/cu<major>/; their own version numbers are
+    the library's (cuFFT 12.x, cuSPARSE 12.x ship with CUDA 13), so the tree is what tells the CUDA major.
+    """
+    layouts: dict[str, set[str]] = {}
+    paths = [str(p) for p in site_packages(venv)]
+    for dist in metadata.distributions(path=paths):
+        name = normalize(dist.metadata["Name"] or "")
+        if not name.startswith("nvidia-") or name in layouts:
+            continue
+        trees = set()
+        for file in dist.files or ():
+            parts = file.parts
+            if len(parts) > 1 and parts[0] == "nvidia" and parts[1][:2] == "cu" and parts[1][2:].isdigit():
+                trees.add(parts[1])
+        layouts[name] = trees
+    return layouts
+
+
 def installed(venv: Path) -> dict[str, str]:
     """Installed distributions of the venv: normalized name -> version (first one on the path wins)."""
     found: dict[str, str] = {}

@@ -22,28 +22,29 @@ def torch_cuda_major(version: str) -> int | None:
     return 13 if versions.at_least(version, "2.11") else 12
 
 
-def cuda12_dists(installed: Mapping[str, str]) -> list[str]:
-    """Distributions built for CUDA 12 in a venv: `*-cu12`, sgl-kernel 0.3.x, unsuffixed nvidia-* 12.x, torch cu12."""
+def cuda12_dists(installed: Mapping[str, str], layouts: Mapping[str, set[str]] | None = None) -> list[str]:
+    """Distributions built for CUDA 12 in a venv: `*-cu12`, sgl-kernel 0.3.x, torch cu12, and unsuffixed
+    nvidia-* wheels whose files live under nvidia/cu12/ (`layouts`, from stackenv.nvidia_layouts).
+
+    An unsuffixed wheel's own version says nothing about its CUDA: cuFFT 12.0, cuSOLVER 12.0 and cuSPARSE 12.6
+    are the CUDA 13 releases torch 2.11+ depends on.
+    """
+    layouts = layouts or {}
     found = []
     for name, version in sorted(installed.items()):
         if name.endswith("-cu12"):
             found.append(f"{name} {version}")
         elif name == "sgl-kernel" and versions.parse(version)[:2] == (0, 3):
             found.append(f"{name} {version} (CUDA 12 build; CUDA 13 is sglang-kernel 0.4.x)")
-        elif (
-            name.startswith("nvidia-")
-            and not name.endswith("-cu13")
-            and name not in ("nvidia-ml-py",)
-            and versions.parse(version)[0] == 12
-        ):
-            found.append(f"{name} {version}")
+        elif name.startswith("nvidia-") and "cu12" in layouts.get(name, set()):
+            found.append(f"{name} {version} (files under nvidia/cu12)")
         elif name == "torch" and torch_cuda_major(version) == 12:
             found.append(f"torch {version} (a CUDA 12 build)")
     return found
 
 
-def wheels_verdict(installed: Mapping[str, str], venv: str) -> Result:
-    bad = cuda12_dists(installed)
+def wheels_verdict(installed: Mapping[str, str], venv: str, layouts: Mapping[str, set[str]] | None = None) -> Result:
+    bad = cuda12_dists(installed, layouts)
     torch = installed.get("torch", "")
     data = {"cuda12_dists": len(bad), "dists": len(installed)}
     if bad:
@@ -73,7 +74,7 @@ class AbiWheelsCheck:
 
     def run(self, ctx: Context) -> Result:
         venv = stackenv.prefix(ctx)
-        return wheels_verdict(stackenv.installed(venv), str(venv))
+        return wheels_verdict(stackenv.installed(venv), str(venv), stackenv.nvidia_layouts(venv))
 
 
 def _soname_major(path: str) -> int | None:
