@@ -108,3 +108,33 @@ def test_unsuffixed_wheel_with_files_under_cu12_fails(tmp_path: Path) -> None:
     venv = _venv(tmp_path, {"torch": "2.14.1", "nvidia-cufft": "11.4.1.4"}, {"nvidia-cufft": record})
     result = wheels_verdict(stackenv.installed(venv), str(venv), stackenv.nvidia_layouts(venv))
     assert result.status is Status.FAIL and "nvidia-cufft 11.4.1.4 (files under nvidia/cu12)" in result.summary
+
+
+# What a torch 2.11+cu130 process mapped on the 2x H200 machine (docs/validation/2026-11-30-h200x2/l2.json), and
+# that machine's loader cache entries for the same libraries (from the same run's abi_libs details).
+H200_VENV = "/opt/torch/.venv/lib/python3.12/site-packages/nvidia"
+H200_MAPPED = {
+    "libnccl": [f"{H200_VENV}/nccl/lib/libnccl.so.2"],
+    "libnvrtc": [f"{H200_VENV}/cu13/lib/libnvrtc.so.13"],
+    "libcuda": ["/usr/local/nvidia/lib64/libcuda.so.580.159.04"],
+    "libcudart": [f"{H200_VENV}/cu13/lib/libcudart.so.13"],
+}
+H200_CACHE = {
+    "libnvrtc.so.13": ["/usr/local/cuda/targets/x86_64-linux/lib/libnvrtc.so.13"],
+    "libcudart.so.13": ["/usr/local/cuda/targets/x86_64-linux/lib/libcudart.so.13"],
+    "libnccl.so.2": ["/lib/x86_64-linux-gnu/libnccl.so.2"],
+}
+
+
+def test_torch_using_its_own_cuda13_runtime_copies_is_a_note_not_a_warning() -> None:
+    cache = {k: v for k, v in H200_CACHE.items() if not k.startswith("libnccl")}
+    cache["libnccl.so.2"] = list(H200_MAPPED["libnccl"])  # the node's NCCL is torch's wheel, as sm120kit sets it
+    result = libs_verdict(H200_MAPPED, cache, {"libnvrtc": "/opt/cuda/lib64"})
+    assert result.status is Status.PASS
+    assert "libnvrtc: process maps" in result.details and "the manifest says /opt/cuda/lib64" in result.details
+
+
+def test_a_second_nccl_on_the_loader_path_beside_torchs_warns() -> None:
+    result = libs_verdict(H200_MAPPED, H200_CACHE, {})
+    assert result.status is Status.WARN
+    assert result.summary.startswith("a torch process maps libraries other than the node's: libnccl")

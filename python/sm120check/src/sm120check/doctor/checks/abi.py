@@ -82,6 +82,9 @@ def _soname_major(path: str) -> int | None:
     return int(tail[1].split(".")[0]) if len(tail) == 2 and tail[1].split(".")[0].isdigit() else None
 
 
+RUNTIME_LIBS = ("libnvrtc", "libcudart")
+
+
 def libs_verdict(
     mapped: Mapping[str, Sequence[str]],
     cache: Mapping[str, list[str]],
@@ -100,7 +103,12 @@ def libs_verdict(
         distinct = {os.path.realpath(p) for p in paths}
         if len(distinct) > 1:
             failures.append(f"{name}: {len(distinct)} different files mapped in one process: {', '.join(paths)}")
-    warnings += loader.mapped_vs_cache({k: list(v) for k, v in mapped.items()}, cache)
+    # torch loads its own wheel's libnvrtc.so.13 / libcudart.so.13 through its rpath; a later dlopen by soname
+    # (sgl_kernel, FlashInfer) gets that same copy, so a different path of the same CUDA 13 soname is a note.
+    # NCCL differs: a second copy on the node is what non-torch consumers would load.
+    notes: list[str] = []
+    for line in loader.mapped_vs_cache({k: list(v) for k, v in mapped.items()}, cache):
+        (notes if line.startswith(RUNTIME_LIBS) else warnings).append(line)
     nccl_copies = loader.copies_in_cache(cache, "libnccl")
     data["nccl_copies_in_cache"] = len(nccl_copies)
     if len(nccl_copies) > 1:
@@ -108,7 +116,8 @@ def libs_verdict(
     for name, directory in want_dirs.items():
         for path in mapped.get(name, []):
             if directory and not loader.same_file(str(Path(path).parent), directory):
-                warnings.append(f"{name}: mapped from {Path(path).parent}, the manifest says {directory}")
+                line = f"{name}: mapped from {Path(path).parent}, the manifest says {directory}"
+                (notes if name in RUNTIME_LIBS else warnings).append(line)
     shown = "; ".join(f"{k} {', '.join(v)}" for k, v in sorted(mapped.items()))
     if failures:
         return Result(
@@ -129,7 +138,11 @@ def libs_verdict(
             data=data,
         )
     return Result(
-        "abi_libs", Status.PASS, f"a torch process maps one copy of each: {shown or 'none tracked'}", data=data
+        "abi_libs",
+        Status.PASS,
+        f"a torch process maps one copy of each: {shown or 'none tracked'}",
+        details="\n".join(notes),
+        data=data,
     )
 
 
