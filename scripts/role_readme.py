@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Keep each role README's variable table in step with its meta/argument_specs.yml.
 
-    scripts/role_readme.py          rewrite the table between the markers of every role README
-    scripts/role_readme.py --check  exit 1 and name the READMEs whose table is stale (used by the tests)
+scripts/role_readme.py          rewrite the table between the markers of every role README
+scripts/role_readme.py --check  exit 1 and name the READMEs whose table is stale (used by the tests)
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ def variables_table(role: Path) -> str:
         if option.get("choices"):
             kind += " (" + ", ".join(str(c) for c in option["choices"]) + ")"
         default = "required" if option.get("required") else f"`{_cell(option.get('default', ''))}`"
-        description = " ".join(option["description"]) if isinstance(option["description"], list) else option["description"]
+        description = (
+            " ".join(option["description"]) if isinstance(option["description"], list) else option["description"]
+        )
         rows.append(f"| `{name}` | {kind} | {default} | {_cell(description)} |")
     return "\n".join([BEGIN, *rows, END])
 

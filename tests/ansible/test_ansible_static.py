@@ -27,7 +27,11 @@ def _tool(name: str) -> str:
 def test_playbook_syntax(playbook: str) -> None:
     result = subprocess.run(
         [_tool("ansible-playbook"), "--syntax-check", playbook],
-        cwd=ROOT, capture_output=True, text=True, check=False, env={**os.environ, "ANSIBLE_NOCOLOR": "1"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "ANSIBLE_NOCOLOR": "1"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -35,6 +39,10 @@ def test_playbook_syntax(playbook: str) -> None:
 def test_ansible_lint_production_profile() -> None:
     result = subprocess.run(
         [_tool("ansible-lint"), "--profile", "production", "--nocolor"],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]

@@ -69,7 +69,11 @@ BAD_INPUTS = [
     ("cuda_version", "13.0.x", "sm120kit_cuda_version: '13.0.x' is not a full release number"),
     ("cuda_version", "12.8.1", "sm120kit_cuda_version: '12.8.1' is not CUDA 13"),
     ("cuda_components.nvidia-cuda-nvrtc-cu12", "12.8.93", "'nvidia-cuda-nvrtc-cu12' is a CUDA 12 (or older) wheel"),
-    ("cuda_components.nvidia-cuda-nvcc", "12.8.93", "sm120kit_cuda_components['nvidia-cuda-nvcc']: '12.8.93' is not a CUDA 13"),
+    (
+        "cuda_components.nvidia-cuda-nvcc",
+        "12.8.93",
+        "sm120kit_cuda_components['nvidia-cuda-nvcc']: '12.8.93' is not a CUDA 13",
+    ),
     ("cuda_components.nvidia-cuda-nvcc", "latest", "'latest' is not an exact version"),
     ("extra_python_packages", {"nvidia-cuda-nvrtc-cu12": "12.8.93"}, "'nvidia-cuda-nvrtc-cu12'"),
     ("extra_python_packages", {"sgl_kernel": "0.3.21"}, "use 'sglang-kernel'"),

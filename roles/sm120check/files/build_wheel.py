@@ -52,7 +52,9 @@ def build(source: Path, out_dir: Path) -> Path:
         f"Summary: {_field(pyproject, 'description')}\n"
         f"Requires-Python: {_field(pyproject, 'requires-python')}\n"
     ).encode()
-    files[f"{dist_info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: sm120kit build_wheel\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files[f"{dist_info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: sm120kit build_wheel\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     files[f"{dist_info}/entry_points.txt"] = f"[console_scripts]\n{name} = {name}.cli:main\n".encode()
     record_name = f"{dist_info}/RECORD"
     record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data in files.items())
