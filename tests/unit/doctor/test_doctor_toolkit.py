@@ -10,6 +10,7 @@ from doctor_helpers import fixture
 from sm120check.doctor.checks.toolkit import (
     CudaHome,
     NvccSm120Check,
+    no_host_compiler,
     parse_nvcc_version,
     resolve_cuda_home,
     toolkit_verdict,
@@ -92,3 +93,10 @@ def test_real_nvcc_builds_an_sm_120_cubin() -> None:
     result = NvccSm120Check().run(ctx)
     assert result.status is Status.PASS, result.details
     assert int(str(result.data["cubin_bytes"])) > 1000
+
+
+def test_nvcc_without_a_host_compiler_is_named_with_the_package_to_install() -> None:
+    # nvcc 13.0.88's output in a fresh Debian 12 container without gcc (seen in the lab's first converge).
+    output = "gcc: No such file or directory\nnvcc fatal   : Failed to preprocess host compiler properties.\n"
+    assert no_host_compiler(output)
+    assert not no_host_compiler("ptxas fatal   : Value 'sm_120' is not defined for option 'gpu-name'")

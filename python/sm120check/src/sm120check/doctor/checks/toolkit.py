@@ -155,6 +155,11 @@ class ToolkitCheck:
 _PROBE_SOURCE = 'extern "C" __global__ void sm120kit_probe(unsigned *out) { out[threadIdx.x] = threadIdx.x * 3u; }\n'
 
 
+def no_host_compiler(output: str) -> bool:
+    """nvcc's words when neither gcc nor the -ccbin compiler exists."""
+    return "Failed to preprocess host compiler properties" in output or "gcc: No such file or directory" in output
+
+
 class NvccSm120Check:
     """nvcc really compiles a CUDA kernel to an sm_120 cubin."""
 
@@ -171,6 +176,14 @@ class NvccSm120Check:
             cmd = [f"{home}/bin/nvcc", "-cubin", "-arch=sm_120", "-o", str(cubin), str(source)]
             rc, out = _run(cmd, timeout=ctx.timeout)
             size = cubin.stat().st_size if cubin.exists() else 0
+        if rc != 0 and no_host_compiler(out):
+            return Result(
+                self.id,
+                Status.FAIL,
+                "nvcc has no host C++ compiler: it cannot compile anything (nor can FlashInfer's or Triton's JIT)",
+                details=f"{' '.join(cmd)}\n{out.strip()[-2000:]}",
+                remedy="apt install g++ (ansible-playbook site.yml --tags cuda_toolkit installs it)",
+            )
         if rc != 0 or size == 0:
             return Result(
                 self.id,
