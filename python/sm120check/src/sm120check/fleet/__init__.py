@@ -1,0 +1,1 @@
+"""The fleet view: doctor reports of many nodes, aggregated into one matrix, and compared between runs."""

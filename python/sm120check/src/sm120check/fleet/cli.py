@@ -1,0 +1,138 @@
+"""`sm120check fleet report|diff`: the fleet matrix from saved node reports, and what changed between two runs.
+
+playbooks/doctor.yml runs the doctor on every node and saves the reports; these commands need only the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from sm120check.fleet import collect, diff, render
+from sm120check.fleet.load import FleetInputError, load
+from sm120check.fleet.model import Fleet
+
+EXIT_OK, EXIT_NOT_READY, EXIT_USAGE = 0, 1, 2
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "fleet",
+        help="the doctor matrix of many nodes (from playbooks/doctor.yml runs), and what changed between runs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=type(parser))
+    actions.required = True
+    report = actions.add_parser(
+        "report",
+        help="render the matrix (nodes x checks) and every failure with its remedy",
+        description="Render the fleet matrix from a run directory (nodes/<host>.json) or a node report. "
+        "Exit 0 when every node is ready, 1 when a node failed, is unreachable or has no report, 2 on bad input.",
+    )
+    report.add_argument("run", metavar="DIR", type=Path, help="fleet run directory, e.g. build/fleet/latest")
+    report.add_argument("--format", choices=render.FORMATS, default="table", help="output format (default table)")
+    report.add_argument("--out", metavar="FILE", type=Path, help="write the report to FILE instead of stdout")
+    report.add_argument(
+        "--write",
+        metavar="DIR",
+        type=Path,
+        help="also write every format into DIR: " + ", ".join(render.FILE_NAMES.values()),
+    )
+    report.set_defaults(handler=run_report)
+    changes = actions.add_parser(
+        "diff",
+        help="per node, the checks whose status changed between two runs; nodes added and removed",
+        description="Compare two fleet runs (directories) or two node reports (files). "
+        "Exit 0 when nothing changed, 1 when something did, 2 on bad input.",
+    )
+    changes.add_argument("old", metavar="OLD", type=Path, help="the earlier run directory or node report")
+    changes.add_argument("new", metavar="NEW", type=Path, help="the later run directory or node report")
+    changes.add_argument("--json", action="store_true", help="print JSON")
+    changes.set_defaults(handler=run_diff)
+    gather = actions.add_parser(
+        "collect",
+        help="write a run directory from the doctor results Ansible registered (used by playbooks/doctor.yml)",
+        description="Read {host: registered result of the doctor task} as JSON, write RUN/nodes/<host>.json "
+        "(a stub for unreachable nodes, nodes without sm120check and doctor errors), point RUN/../latest at RUN, "
+        "write every report format into RUN and print the table. Exit codes as `fleet report`.",
+    )
+    gather.add_argument("run", metavar="RUN", type=Path, help="the run directory to create, e.g. build/fleet/<time>")
+    gather.add_argument(
+        "--results", metavar="FILE", default="-", help="the registered results as JSON (default: stdin)"
+    )
+    gather.add_argument("--no-latest", action="store_true", help="leave the `latest` link beside RUN alone")
+    gather.set_defaults(handler=run_collect)
+
+
+def _error(message: str) -> int:
+    print(f"sm120check fleet: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    try:
+        fleet = load(args.run)
+    except FleetInputError as error:
+        return _error(str(error))
+    try:
+        if args.write is not None:
+            for fmt, name in render.FILE_NAMES.items():
+                _write(args.write / name, render.render(fleet, fmt))
+        output = render.render(fleet, args.format)
+        if args.out is not None:
+            _write(args.out, output)
+        else:
+            sys.stdout.write(output)
+    except OSError as error:
+        return _error(f"cannot write {error.filename}: {error.strerror}")
+    return EXIT_OK if fleet.ok else EXIT_NOT_READY
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    source = "stdin" if args.results == "-" else args.results
+    try:
+        text = sys.stdin.read() if args.results == "-" else Path(args.results).read_text(encoding="utf-8")
+        results = json.loads(text)
+    except OSError as error:
+        return _error(f"cannot read the results {source}: {error.strerror}")
+    except json.JSONDecodeError as error:
+        return _error(f"the results from {source} are not JSON ({error}); pass {{host: registered result}}")
+    if not isinstance(results, dict) or not results:
+        return _error(f"the results from {source} must be a non-empty JSON object {{host: registered result}}")
+    try:
+        collect.write_run(args.run, results, link_latest=not args.no_latest)
+    except ValueError as error:
+        return _error(str(error))
+    except OSError as error:
+        return _error(f"cannot write the run directory {args.run}: {error.strerror} ({error.filename})")
+    return run_report(argparse.Namespace(run=args.run, format="table", out=None, write=args.run))
+
+
+def _pair(old_path: Path, new_path: Path) -> tuple[Fleet, Fleet]:
+    old, new = load(old_path), load(new_path)
+    if old_path.is_file() and new_path.is_file():  # two reports of one node, whatever their file names
+        host = new.nodes[0].host
+        old = dataclasses.replace(old, nodes=(dataclasses.replace(old.nodes[0], host=host),))
+    return old, new
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    try:
+        old, new = _pair(args.old, args.new)
+    except FleetInputError as error:
+        return _error(str(error))
+    changes = diff.compare(old, new)
+    render_diff = diff.to_json if args.json else diff.text
+    sys.stdout.write(render_diff(changes, str(args.old), str(args.new)))
+    return EXIT_OK if changes.empty else EXIT_NOT_READY

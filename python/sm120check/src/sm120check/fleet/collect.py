@@ -1,0 +1,77 @@
+"""Turn the doctor results Ansible registered on each node into node files of a fleet run directory.
+
+playbooks/doctor.yml pipes {host: registered result of the doctor task} into `sm120check fleet collect RUN`, which
+writes RUN/nodes/<host>.json: the doctor's own JSON report when it gave one, else a stub that says why there is none
+(unreachable, no sm120check on the node, the doctor crashed), so no node is ever silently missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from sm120check.fleet.load import NODES_DIR
+from sm120check.fleet.model import NodeState
+
+NO_CHECKER_RC = 127  # the playbook's shell exits 127 when the node has no sm120check
+LATEST = "latest"
+_TAIL = 2000
+
+
+def _tail(text: object) -> str:
+    value = str(text or "").strip()
+    return value if len(value) <= _TAIL else "..." + value[-_TAIL:]
+
+
+def _stub(host: str, state: NodeState, error: str, **extra: object) -> str:
+    document = {"schema": 1, "tool": "sm120kit fleet doctor", "host": host, "state": state.value, "error": error}
+    return json.dumps({**document, **extra}, indent=2) + "\n"
+
+
+def node_file(host: str, result: object) -> str:
+    """The text of a node's file from its registered result (a mapping with rc, stdout, stderr, msg, unreachable)."""
+    if not isinstance(result, Mapping):
+        return _stub(host, NodeState.ERROR, "the doctor task left no result for this node")
+    if result.get("unreachable"):
+        return _stub(host, NodeState.UNREACHABLE, _tail(result.get("msg")) or "unreachable")
+    rc = result.get("rc")
+    if rc == NO_CHECKER_RC:
+        return _stub(host, NodeState.NO_CHECKER, _tail(result.get("stderr")) or "no sm120check on the node")
+    stdout = str(result.get("stdout") or "")
+    if rc in (0, 1):
+        try:
+            json.loads(stdout)
+        except json.JSONDecodeError as error:
+            why = f"the doctor exited {rc} but its output is not JSON ({error.msg}): {stdout[:200]!r}"
+            return _stub(host, NodeState.ERROR, why, rc=rc, stderr=_tail(result.get("stderr")))
+        return stdout if stdout.endswith("\n") else stdout + "\n"
+    why = _tail(result.get("stderr")) or _tail(result.get("msg")) or "no output"
+    return _stub(host, NodeState.ERROR, f"the doctor exited {rc}: {why}", rc=rc)
+
+
+def _safe_name(host: str) -> str:
+    if not host or host in {".", ".."} or "/" in host or "\0" in host:
+        raise ValueError(f"host name {host!r} cannot be a file name; rename it in the inventory")
+    return host
+
+
+def write_run(run: Path, results: Mapping[str, object], link_latest: bool = True) -> list[Path]:
+    """Write RUN/nodes/<host>.json for every host; point RUN's parent's `latest` at RUN. Returns the files."""
+    nodes = run / NODES_DIR
+    nodes.mkdir(parents=True, exist_ok=True)
+    written = []
+    for host in sorted(results):
+        path = nodes / f"{_safe_name(host)}.json"
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(node_file(host, results[host]), encoding="utf-8")
+        partial.replace(path)
+        written.append(path)
+    if link_latest:
+        latest = run.parent / LATEST
+        fresh = run.parent / f".{LATEST}.{os.getpid()}"
+        fresh.unlink(missing_ok=True)
+        fresh.symlink_to(run.name)
+        fresh.replace(latest)  # atomic: readers see the old run or the new one
+    return written
