@@ -1,0 +1,46 @@
+"""`make bench`: run every benchmark this machine can run; each prints its table and writes benchmarks/results/.
+
+Benchmarks that need what this machine lacks (the container lab, SGLang's own client venv) say so and are skipped.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SGLANG_CLIENT_PYTHON = Path("/tmp/sglbench-venv/bin/python")
+
+BENCHMARKS: list[tuple[str, list[str], str | None]] = [
+    ("doctor speed", ["doctor_speed.py"], None),
+    ("core converge vs pip install", ["converge.py"], None if shutil.which("podman") else "podman missing: make lab"),
+    ("fleet doctor at 1, 3, 6 nodes", ["fleet_doctor.py"], None if shutil.which("podman") else "podman missing"),
+    (
+        "bench client vs SGLang's client",
+        ["bench_client.py", "--sglang-python", str(SGLANG_CLIENT_PYTHON)],
+        None if SGLANG_CLIENT_PYTHON.exists() else f"{SGLANG_CLIENT_PYTHON} missing (see benchmarks/bench_client.md)",
+    ),
+]
+
+
+def main() -> int:
+    failed = []
+    for title, argv, missing in BENCHMARKS:
+        print(f"\n== {title}")
+        if not (HERE / argv[0]).exists():
+            print(f"skipped: benchmarks/{argv[0]} not present")
+            continue
+        if missing:
+            print(f"skipped: {missing}")
+            continue
+        if subprocess.run([sys.executable, str(HERE / argv[0]), *argv[1:]], check=False).returncode != 0:
+            failed.append(title)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
