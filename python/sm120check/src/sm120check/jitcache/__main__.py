@@ -1,0 +1,5 @@
+import sys
+
+from sm120check.jitcache.cli import main
+
+sys.exit(main())

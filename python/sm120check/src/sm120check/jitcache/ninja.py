@@ -1,0 +1,65 @@
+"""Ask ninja what loading a cached module would do.
+
+FlashInfer 0.7.x loads a JIT module by running `ninja -C <module dir> -f <module dir>/build.ninja` first, so a
+module is cached exactly when that run has no work. `ninja -n -d explain` answers without compiling anything and
+without writing ninja's logs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+NO_WORK = "ninja: no work to do."
+_EXPLAIN = "ninja explain: "
+
+
+@dataclass(frozen=True)
+class NinjaVerdict:
+    clean: bool  # a load runs no command
+    commands: int  # commands a load would run (compiles and links)
+    reasons: tuple[str, ...]  # ninja's own explanations, first ones
+
+    def summary(self) -> str:
+        if self.clean:
+            return "ninja has no work: loads without compiling"
+        why = self.reasons[0] if self.reasons else "ninja gave no reason"
+        return f"a load would run {self.commands} build command(s): {why}"
+
+
+def find_ninja(env: Mapping[str, str] | None = None, venv: Path | None = None) -> str | None:
+    """The ninja FlashInfer runs: the stack venv's (pip's ninja package) first, else the one on PATH."""
+    if venv is not None and (venv / "bin" / "ninja").exists():
+        return str(venv / "bin" / "ninja")
+    return shutil.which("ninja", path=(env or {}).get("PATH"))
+
+
+def dry_run(module_dir: Path, ninja: str = "ninja", timeout: float = 60.0) -> NinjaVerdict:
+    build_file = module_dir / "build.ninja"
+    if not build_file.is_file():
+        return NinjaVerdict(False, 0, (f"{build_file} is missing (never built here)",))
+    try:
+        out = subprocess.run(
+            [ninja, "-n", "-d", "explain", "-C", str(module_dir.resolve()), "-f", str(build_file.resolve())],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return NinjaVerdict(False, 0, (f"{ninja} could not run: {exc}",))
+    return parse_dry_run(out.stdout, out.stderr, out.returncode)
+
+
+def parse_dry_run(stdout: str, stderr: str, returncode: int) -> NinjaVerdict:
+    lines = (stdout + "\n" + stderr).splitlines()
+    reasons = tuple(dict.fromkeys(line[len(_EXPLAIN) :] for line in lines if line.startswith(_EXPLAIN)))
+    commands = sum(1 for line in stdout.splitlines() if line.startswith("["))
+    if returncode != 0:
+        error = next((line for line in lines if line.startswith("ninja: error")), f"ninja exited {returncode}")
+        return NinjaVerdict(False, commands, (error, *reasons[:4]))
+    clean = commands == 0 and NO_WORK in stdout
+    return NinjaVerdict(clean, commands, reasons[:5])
