@@ -1,0 +1,49 @@
+"""The doctor's flashinfer_jit check: per module, cached for this node or how long the first server start blocks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jitcache_helpers import built_module, module_dir, ninja
+
+from sm120check.doctor.checks.flashinfer_jit import FlashinferJitCheck, judge, module_rows, serving_env
+from sm120check.doctor.model import Context, Status
+from sm120check.manifest import Manifest
+
+
+def _manifest(venv: Path, env: dict[str, str]) -> Manifest:
+    return Manifest(Path("m.json"), "full", {}, {}, "580.65.06", str(venv), {}, env, raw={})
+
+
+def test_module_cached_for_this_key_passes(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    built_module(root, tmp_path / "src")
+    result = judge(module_rows(root, "0.7.2", "90a", ["demo"], ninja()), "here")
+    assert result.status is Status.PASS
+    assert "compiles nothing" in result.summary
+
+
+def test_missing_allreduce_fusion_module_warns_how_long_the_first_start_blocks(tmp_path: Path) -> None:
+    result = judge(module_rows(tmp_path, "0.7.2", "120f", ["trtllm_comm"], ninja()), "here")
+    assert result.status is Status.WARN
+    assert "trtllm_comm not cached" in result.summary and "260-460 s" in result.summary
+    assert result.remedy.startswith("ansible-playbook site.yml --tags flashinfer_jit ")
+
+
+def test_module_left_by_a_combined_prebuild_is_reported_as_rebuilding(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    built_module(root, tmp_path / "src", run_in=module_dir(root).parent)
+    result = judge(module_rows(root, "0.7.2", "90a", ["demo"], ninja()), "here")
+    assert result.status is Status.WARN
+    assert "a load would run 2 build command(s)" in result.details
+
+
+def test_serving_process_value_wins_over_the_manifest() -> None:
+    ctx = Context(manifest=_manifest(Path("/v"), {"FLASHINFER_WORKSPACE_BASE": "/var/cache/sm120kit"}))
+    assert serving_env(ctx, {})["FLASHINFER_WORKSPACE_BASE"] == "/var/cache/sm120kit"
+    assert serving_env(ctx, {"FLASHINFER_WORKSPACE_BASE": "/srv"})["FLASHINFER_WORKSPACE_BASE"] == "/srv"
+
+
+def test_node_without_flashinfer_skips(tmp_path: Path) -> None:
+    result = FlashinferJitCheck().run(Context(manifest=_manifest(tmp_path, {})))
+    assert result.status is Status.SKIP and "not installed" in result.summary
