@@ -319,6 +319,27 @@ def unpack(bundle: Path, cache_root: Path, expect: CacheKey | None = None, ignor
     )
 
 
+def install_aot(bundle: Path, aot_dir: Path, expect: CacheKey | None = None, ignore: Sequence[str] = ()) -> Unpacked:
+    """Verify the bundle, then place each module's library where FlashInfer loads prebuilt (AOT) modules.
+
+    FlashInfer loads `<package>/data/aot/<module>/<module>.so` without running ninja, so paths need not agree; but it
+    does so for any target and any later FlashInfer version, so this is for a scratch install (the device test), not
+    for a serving venv.
+    """
+    start = time.monotonic()
+    manifest = read_manifest(bundle)
+    _check_key(bundle, manifest.key, expect, ignore)
+    with tempfile.TemporaryDirectory(prefix="sm120kit-jit-aot-") as tmp:
+        problems = _extract_verified(bundle, manifest, Path(tmp))
+        if problems:
+            raise BundleError(_problems(bundle, problems))
+        for name, info in manifest.modules.items():
+            library = Path(tmp) / str(info["dir"]) / f"{name}.so"
+            (aot_dir / name).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(library, aot_dir / name / f"{name}.so")
+    return Unpacked(manifest.key, tuple(manifest.modules), len(manifest.modules), 0, round(time.monotonic() - start, 2))
+
+
 def write_stamp(directory: Path, key: CacheKey, module: str, seconds: float) -> None:
     """Record in a module directory built here which key it was built for."""
     stamp = {

@@ -60,6 +60,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         _common(action, modules=False)
         action.add_argument("bundle", type=Path)
         action.add_argument("--no-key-check", action="store_true", help="skip comparing with this node's key")
+        if name == "unpack":
+            action.add_argument(
+                "--into",
+                choices=("cache", "aot"),
+                default="cache",
+                help="cache: FlashInfer's JIT cache (default); aot: FlashInfer's prebuilt-module directory of the "
+                "imported package, loaded without ninja (scratch installs only)",
+            )
         action.add_argument(
             "--ignore", default="", help=f"key fields not to compare, comma separated ({', '.join(KEY_FIELDS)})"
         )
@@ -215,8 +223,14 @@ def run(ns: argparse.Namespace) -> int:
                     f"{ns.bundle}: {len(manifest.files)} files verified",
                 )
             else:
-                target = _cache_root(ns)
-                done = bundles.unpack(ns.bundle, target, key, ignore)
+                if ns.into == "aot":
+                    from sm120check.jitcache.key import package_dir
+
+                    target = Path(package_dir("flashinfer")) / "data" / "aot"
+                    done = bundles.install_aot(ns.bundle, target, key, ignore)
+                else:
+                    target = _cache_root(ns)
+                    done = bundles.unpack(ns.bundle, target, key, ignore)
                 _emit(
                     ns,
                     {"ok": True, "changed": True, "cache_root": str(target), **asdict(done), "key": done.key.as_dict()},

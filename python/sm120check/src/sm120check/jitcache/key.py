@@ -3,8 +3,8 @@
 `flashinfer`, `cuda` (the nvcc release FlashInfer compiles with), `arch` (FlashInfer's target directory, e.g. "120f")
 and `torch` name the stack. `context` is a digest of what FlashInfer writes into its ninja files and what ninja
 records as header dependencies: the FlashInfer and TVM-FFI package paths, Python's include directory, CUDA_HOME, the
-cache directory and the host C++ compiler. Nodes provisioned alike share all five; a node that differs in any of them
-would rebuild a copied module on first load, so it builds its own.
+cache directory, the host C++ compiler and the FlashInfer build variables set (COMMAND_ENV). Nodes provisioned alike
+share all five; a node that differs in any of them would rebuild a copied module on first load, so it builds its own.
 
 Nothing here imports FlashInfer or torch: versions come from package metadata, paths from import specs.
 """
@@ -28,6 +28,19 @@ from sm120check.comm import flashinfer_jit
 
 KEY_FIELDS = ("flashinfer", "cuda", "arch", "torch", "context")
 ARCH_LIST_ENV = "FLASHINFER_CUDA_ARCH_LIST"
+# Environment FlashInfer writes into its build commands (flashinfer/jit/cpp_ext.py, core.py).
+COMMAND_ENV = (
+    "CC",
+    "CXX",
+    "FLASHINFER_NVCC",
+    "FLASHINFER_CXX_LAUNCHER",
+    "FLASHINFER_NVCC_LAUNCHER",
+    "FLASHINFER_EXTRA_CFLAGS",
+    "FLASHINFER_EXTRA_CUDAFLAGS",
+    "FLASHINFER_EXTRA_LDFLAGS",
+    "FLASHINFER_JIT_DEBUG",
+    "FLASHINFER_JIT_LINEINFO",
+)
 _NVCC_RELEASE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+\.\d+)")
 
 
@@ -45,6 +58,7 @@ class BuildContext:
     cuda_home: str
     cache_root: str
     cxx: str
+    command_env: str = ""  # the COMMAND_ENV variables set, "NAME=value" joined by spaces
 
     def digest(self) -> str:
         text = json.dumps(asdict(self), sort_keys=True)
@@ -198,6 +212,7 @@ def compute(
         cuda_home=str(home),
         cache_root=str(flashinfer_jit.cache_root(env)),
         cxx=cxx_identity(env),
+        command_env=" ".join(f"{name}={env[name]}" for name in COMMAND_ENV if env.get(name)),
     )
     key = CacheKey(
         flashinfer=flashinfer,
