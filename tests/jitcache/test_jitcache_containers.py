@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from lab.playbook import playbook_argv, run_playbook, write_inventory
 from lab.podman import Mount, Node, NodeFactory, node_exec, podman
 
 pytestmark = pytest.mark.container
@@ -38,6 +39,14 @@ ENV = {
     "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
 }
 MODULE = "api_log_stats"
+COMPILERS = "/usr/bin/x86_64-linux-gnu-g++-12 /usr/bin/x86_64-linux-gnu-gcc-12"
+PLAY = """- name: Warm FlashInfer's JIT cache
+  hosts: all
+  gather_facts: false
+  environment: {env}
+  roles:
+    - role: flashinfer_jit
+"""
 LOAD = (
     "import time; t = time.monotonic(); from flashinfer.jit.api_log_stats import gen_api_log_stats_module as g; "
     "g().build_and_load(); print(f'LOADED in {time.monotonic() - t:.2f} s')"
@@ -133,9 +142,34 @@ def test_receiving_node_loads_the_module_without_any_compiler(
     _, b = fleet
     moddir = carried["after"]["modules"][0]["dir"]
     log_before = sh(b, f"sha256sum {moddir}/.ninja_log; stat -c '%n %Y' {moddir}/*")
-    # No C++ compiler on B from here on: nvcc and the link step would both fail.
-    sh(b, "for c in /usr/bin/x86_64-linux-gnu-g++-12 /usr/bin/x86_64-linux-gnu-gcc-12; do mv $c $c.off; done")
-    out = sh(b, f"FLASHINFER_JIT_VERBOSE=1 {VENV}/bin/python -c {LOAD!r}", timeout=300)
+    # No C++ compiler on B while it loads: nvcc and the link step would both fail.
+    sh(b, f"for c in {COMPILERS}; do mv $c $c.off; done")
+    try:
+        out = sh(b, f"FLASHINFER_JIT_VERBOSE=1 {VENV}/bin/python -c {LOAD!r}", timeout=300)
+    finally:
+        sh(b, f"for c in {COMPILERS}; do mv $c.off $c; done")
     assert "LOADED in" in out, out
     assert "ninja: no work to do." in out  # FlashInfer's own ninja run on load
     assert sh(b, f"sha256sum {moddir}/.ninja_log; stat -c '%n %Y' {moddir}/*") == log_before
+
+
+def test_role_builds_once_per_key_and_copies_the_cache_to_the_other_node(
+    fleet: tuple[Node, Node], carried: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A key neither node has yet (target 9.0a): the first node builds, the second receives, a rerun changes nothing."""
+    a, b = fleet
+    work = tmp_path_factory.mktemp("role")
+    inventory = write_inventory(work, [a, b])
+    play = work / "jit.yml"
+    play.write_text(PLAY.format(env=json.dumps({**ENV, "PYTHONPATH": "/src"})))
+    bundles = work / "bundles"
+    extra = {"flashinfer_jit_modules": [MODULE], "flashinfer_jit_arch_list": ["9.0a"],
+             "flashinfer_jit_bundle_dir": str(bundles), "sm120kit_profile": "full"}  # fmt: skip
+    first = run_playbook(playbook_argv(play, inventory, extra), timeout=1200)
+    assert first.rc == 0, first.tail()
+    assert [p.name for p in bundles.iterdir()] == [f"{jit(a, 'key --arch-list 9.0a')['slug']}.tar.gz"]
+    for node in (a, b):
+        assert jit(node, f"status --modules {MODULE} --arch-list 9.0a")["modules"][0]["cached"], node.name
+    assert jit(b, f"status --modules {MODULE} --arch-list 9.0a")["modules"][0]["stamp"]["built_on"] == a.name
+    again = run_playbook(playbook_argv(play, inventory, extra), timeout=600)
+    assert again.rc == 0 and again.host(a.name).changed == 0 and again.host(b.name).changed == 0, again.tail()
