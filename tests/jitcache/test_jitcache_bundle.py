@@ -129,3 +129,13 @@ def test_bundle_that_is_not_one_is_named(tmp_path: Path) -> None:
         tar.addfile(tarfile.TarInfo("README"), io.BytesIO(b""))
     with pytest.raises(bundle.BundleError, match="not an sm120kit JIT bundle"):
         bundle.read_manifest(fake)
+
+
+def test_libraries_only_bundle_installs_as_prebuilt_modules(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    built_module(root, tmp_path / "src")
+    out = tmp_path / "libs.tar.gz"
+    manifest = bundle.pack(root, KEY, CONTEXT, ["demo"], out, libraries_only=True)
+    assert [Path(f.path).name for f in manifest.files] == ["demo.so"]
+    bundle.install_aot(out, tmp_path / "aot", expect=KEY)
+    assert (tmp_path / "aot" / "demo" / "demo.so").read_bytes() == (module_dir(root) / "demo.so").read_bytes()

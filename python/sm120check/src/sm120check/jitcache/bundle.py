@@ -102,7 +102,7 @@ def _safe_relpath(text: str) -> PurePosixPath:
     return path
 
 
-def _collect(cache_root: Path, key: CacheKey, modules: Sequence[str]) -> list[FileEntry]:
+def _collect(cache_root: Path, key: CacheKey, modules: Sequence[str], libraries_only: bool) -> list[FileEntry]:
     entries: list[FileEntry] = []
     for module in modules:
         directory = module_dir(cache_root, key.flashinfer, key.arch, module)
@@ -111,6 +111,8 @@ def _collect(cache_root: Path, key: CacheKey, modules: Sequence[str]) -> list[Fi
             raise BundleError(f"{library} does not exist: build {module} before packing it")
         for path in sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink()):
             if path.name.endswith(SKIP_SUFFIXES) or path.name == STAMP_NAME:
+                continue
+            if libraries_only and path != library:
                 continue
             stat = path.stat()
             rel = path.relative_to(cache_root).as_posix()
@@ -125,9 +127,14 @@ def pack(
     modules: Sequence[str],
     out: Path,
     seconds: Mapping[str, float] | None = None,
+    libraries_only: bool = False,
 ) -> Manifest:
-    """Write a bundle of these modules (already built under `cache_root` for `key`) to `out`, atomically."""
-    files = _collect(cache_root, key, modules)
+    """Write a bundle of these modules (already built under `cache_root` for `key`) to `out`, atomically.
+
+    `libraries_only` keeps just each module's .so: enough for `install_aot`, not for FlashInfer's JIT cache (a load
+    there would find no ninja state and rebuild).
+    """
+    files = _collect(cache_root, key, modules, libraries_only)
     manifest = Manifest(
         key=key,
         context=asdict(context),

@@ -55,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pack = sub.add_parser("pack", help="pack built modules into a checksummed bundle")
     _common(pack)
     pack.add_argument("--out", type=Path, required=True)
+    pack.add_argument("--libraries-only", action="store_true", help="only each module's .so (for unpack --into aot)")
     for name, text in (("verify", "check a bundle's checksums (and key)"), ("unpack", "verify, then install a bundle")):
         action = sub.add_parser(name, help=text)
         _common(action, modules=False)
@@ -195,7 +196,9 @@ def run(ns: argparse.Namespace) -> int:
             assert key is not None
             from sm120check.jitcache.key import BuildContext
 
-            manifest = bundles.pack(_cache_root(ns), key, BuildContext(**context), ns.modules, ns.out)
+            manifest = bundles.pack(
+                _cache_root(ns), key, BuildContext(**context), ns.modules, ns.out, libraries_only=ns.libraries_only
+            )
             _emit(
                 ns,
                 {"bundle": str(ns.out), "files": len(manifest.files), "sha256": bundles.sha256_file(ns.out)},
