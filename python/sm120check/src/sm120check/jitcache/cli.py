@@ -113,7 +113,7 @@ def _status(ns: argparse.Namespace, key: CacheKey) -> list[dict[str, Any]]:
 
         for name in ns.modules:
             spec_for(name).write_ninja()
-    ninja = find_ninja(os.environ, Path(sys.prefix)) or "ninja"
+    ninja = find_ninja() or "ninja"
     rows = []
     for name in ns.modules:
         directory = bundles.module_dir(_cache_root(ns), key.flashinfer, key.arch, name)
@@ -142,7 +142,7 @@ def _do_build(ns: argparse.Namespace, key: CacheKey, context: dict[str, str]) ->
     from sm120check.jitcache import build as builder
     from sm120check.jitcache.key import BuildContext
 
-    ninja = find_ninja(os.environ, Path(sys.prefix)) or "ninja"
+    ninja = find_ninja() or "ninja"
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if ns.json else print
     outcomes = builder.build(ns.modules, ninja, progress=say)
     for outcome in outcomes:

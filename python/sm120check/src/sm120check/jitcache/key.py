@@ -3,8 +3,9 @@
 `flashinfer`, `cuda` (the nvcc release FlashInfer compiles with), `arch` (FlashInfer's target directory, e.g. "120f")
 and `torch` name the stack. `context` is a digest of what FlashInfer writes into its ninja files and what ninja
 records as header dependencies: the FlashInfer and TVM-FFI package paths, Python's include directory, CUDA_HOME, the
-cache directory, the host C++ compiler and the FlashInfer build variables set (COMMAND_ENV). Nodes provisioned alike
-share all five; a node that differs in any of them would rebuild a copied module on first load, so it builds its own.
+cache directory, the host C++ compiler, the FlashInfer build variables set (COMMAND_ENV) and ninja's version (its log
+format). Nodes provisioned alike share all five; a node that differs in any of them would rebuild a copied module on
+first load, so it builds its own.
 
 Nothing here imports FlashInfer or torch: versions come from package metadata, paths from import specs.
 """
@@ -25,6 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from sm120check.comm import flashinfer_jit
+from sm120check.jitcache.ninja import find_ninja, ninja_version
 
 KEY_FIELDS = ("flashinfer", "cuda", "arch", "torch", "context")
 ARCH_LIST_ENV = "FLASHINFER_CUDA_ARCH_LIST"
@@ -59,6 +61,7 @@ class BuildContext:
     cache_root: str
     cxx: str
     command_env: str = ""  # the COMMAND_ENV variables set, "NAME=value" joined by spaces
+    ninja: str = ""  # version of the ninja on PATH: its log format must match the bundle's
 
     def digest(self) -> str:
         text = json.dumps(asdict(self), sort_keys=True)
@@ -213,6 +216,7 @@ def compute(
         cache_root=str(flashinfer_jit.cache_root(env)),
         cxx=cxx_identity(env),
         command_env=" ".join(f"{name}={env[name]}" for name in COMMAND_ENV if env.get(name)),
+        ninja=ninja_version(find_ninja(env)),
     )
     key = CacheKey(
         flashinfer=flashinfer,

@@ -7,6 +7,7 @@ without writing ninja's logs.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -30,11 +31,23 @@ class NinjaVerdict:
         return f"a load would run {self.commands} build command(s): {why}"
 
 
-def find_ninja(env: Mapping[str, str] | None = None, venv: Path | None = None) -> str | None:
-    """The ninja FlashInfer runs: the stack venv's (pip's ninja package) first, else the one on PATH."""
-    if venv is not None and (venv / "bin" / "ninja").exists():
-        return str(venv / "bin" / "ninja")
-    return shutil.which("ninja", path=(env or {}).get("PATH"))
+def find_ninja(env: Mapping[str, str] | None = None) -> str | None:
+    """The ninja FlashInfer runs: `ninja` on the process's PATH (flashinfer/jit/cpp_ext.py runs it by name).
+
+    Only that one may judge the cache: ninja rewrites a log written by another version (1.11 writes v5, 1.13 v7)
+    and forgets every record in it, so the next load compiles everything.
+    """
+    return shutil.which("ninja", path=(os.environ if env is None else env).get("PATH"))
+
+
+def ninja_version(ninja: str | None) -> str:
+    if ninja is None:
+        return "absent"
+    try:
+        out = subprocess.run([ninja, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unusable"
+    return out.stdout.strip() or "unknown"
 
 
 def dry_run(module_dir: Path, ninja: str = "ninja", timeout: float = 60.0) -> NinjaVerdict:

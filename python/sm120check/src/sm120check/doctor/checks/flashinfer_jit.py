@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from sm120check.comm import flashinfer_jit
-from sm120check.doctor import remedies, stackenv
+from sm120check.doctor import remedies
 from sm120check.doctor.checks.comm import capability, flashinfer_version
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.jitcache import bundle
@@ -111,7 +111,7 @@ class FlashinferJitCheck:
         except ValueError as exc:
             return _result(Status.FAIL, str(exc), remedy=remedies.CUDA_ENV)
         root = flashinfer_jit.cache_root(env)
-        ninja = find_ninja(env, stackenv.prefix(ctx))
+        ninja = find_ninja(env)
         rows = module_rows(root, version, arch, MODULES, ninja)
         return judge(rows, f"{root}/{version}/{arch}")
 
