@@ -31,6 +31,8 @@ VENV = "/opt/sm120kit/venv"
 PACKAGES = ["torch==2.13.0+cpu", "apache-tvm-ffi>=0.1.11,<0.2", "numpy", "ninja", "click", "einops", "packaging",
             "requests", "tabulate", "tqdm", "nvidia-ml-py"]  # fmt: skip
 ENV = {
+    # FlashInfer runs `ninja` by name: the venv's pinned ninja must come first on PATH.
+    "PATH": f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "PYTHONPATH": "/src",
     "CUDA_HOME": "/usr/local/cuda",
     "FLASHINFER_CUDA_ARCH_LIST": "12.0f",
@@ -68,12 +70,12 @@ def sh(node: Node, script: str, timeout: float = 600, check: bool = True) -> str
     env = " ".join(f"{k}={v}" for k, v in ENV.items())
     result = node_exec(node, ["bash", "-c", f"set -euo pipefail; export {env}; {script}"], timeout=timeout)
     if check and result.returncode != 0:
-        raise AssertionError(f"{node.name}: {script[:120]} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
-    return result.stdout + result.stderr
+        raise AssertionError(f"{node.name}: {script[:120]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result.stdout
 
 
 def jit(node: Node, args: str, timeout: float = 600) -> dict[str, Any]:
-    out = sh(node, f"{VENV}/bin/python -m sm120check.jitcache {args} --json 2>/dev/null", timeout)
+    out = sh(node, f"{VENV}/bin/python -m sm120check.jitcache {args} --json", timeout)
     data: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return data
 
@@ -145,7 +147,7 @@ def test_receiving_node_loads_the_module_without_any_compiler(
     # No C++ compiler on B while it loads: nvcc and the link step would both fail.
     sh(b, f"for c in {COMPILERS}; do mv $c $c.off; done")
     try:
-        out = sh(b, f"FLASHINFER_JIT_VERBOSE=1 {VENV}/bin/python -c {LOAD!r}", timeout=300)
+        out = sh(b, f"FLASHINFER_JIT_VERBOSE=1 {VENV}/bin/python -c {LOAD!r} 2>&1", timeout=300)
     finally:
         sh(b, f"for c in {COMPILERS}; do mv $c.off $c; done")
     assert "LOADED in" in out, out
@@ -161,7 +163,7 @@ def test_role_builds_once_per_key_and_copies_the_cache_to_the_other_node(
     work = tmp_path_factory.mktemp("role")
     inventory = write_inventory(work, [a, b])
     play = work / "jit.yml"
-    play.write_text(PLAY.format(env=json.dumps({**ENV, "PYTHONPATH": "/src"})))
+    play.write_text(PLAY.format(env=json.dumps(ENV)))
     bundles = work / "bundles"
     extra = {"flashinfer_jit_modules": [MODULE], "flashinfer_jit_arch_list": ["9.0a"],
              "flashinfer_jit_bundle_dir": str(bundles), "sm120kit_profile": "full"}  # fmt: skip

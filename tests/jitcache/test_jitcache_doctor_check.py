@@ -47,3 +47,10 @@ def test_serving_process_value_wins_over_the_manifest() -> None:
 def test_node_without_flashinfer_skips(tmp_path: Path) -> None:
     result = FlashinferJitCheck().run(Context(manifest=_manifest(tmp_path, {})))
     assert result.status is Status.SKIP and "not installed" in result.summary
+
+
+def test_cached_module_without_ninja_on_path_is_not_usable(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    built_module(root, tmp_path / "src")
+    result = judge(module_rows(root, "0.7.2", "90a", ["demo"], None), "here")
+    assert result.status is Status.WARN and "no `ninja` on PATH" in result.details

@@ -26,6 +26,10 @@ MODULES = ("trtllm_comm", "pcie_ipc_comm")  # the role's default flashinfer_jit_
 # (stack-facts section 7, docs/validation/2026-11-30-h200x2); pcie_ipc_comm is one small source file.
 COLD_SECONDS: Mapping[str, tuple[int, int]] = {"trtllm_comm": (260, 460), "pcie_ipc_comm": (20, 140)}
 REMEDY = remedies.tags("flashinfer_jit")
+NO_NINJA = (
+    "no `ninja` on PATH: FlashInfer runs it by name on every load and fails without it "
+    "(put the stack venv's bin directory, which has the pinned ninja, on the servers' PATH)"
+)
 
 
 def serving_env(ctx: Context, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -42,7 +46,7 @@ def module_rows(root: Path, version: str, arch: str, modules: Sequence[str], nin
         if not library.is_file():
             verdict = NinjaVerdict(False, 0, (f"{library} is missing",))
         elif ninja is None:
-            verdict = NinjaVerdict(True, 0, ("library present; ninja not found to confirm a load compiles nothing",))
+            verdict = NinjaVerdict(False, 0, (NO_NINJA,))
         else:
             verdict = dry_run(directory, ninja)
         stamp = bundle.read_stamp(directory)
@@ -51,7 +55,7 @@ def module_rows(root: Path, version: str, arch: str, modules: Sequence[str], nin
                 "module": name,
                 "cached": verdict.clean,
                 "dir": str(directory),
-                "why": verdict.summary() if library.is_file() else verdict.reasons[0],
+                "why": verdict.summary() if library.is_file() and ninja else verdict.reasons[0],
                 "from": stamp.get("built_on", ""),
             }
         )
