@@ -76,3 +76,12 @@ def test_limit_leaves_the_other_hosts_out_of_the_report(local_fleet: LocalFleet)
     run = run_playbook([*argv, "-e", "fleet_doctor_fail_on_error=false"], timeout=300)
     assert run.rc == 0, run.tail()
     assert sorted(local_fleet.report()) == ["refused", "unprovisioned"]
+
+
+def test_a_level_that_is_not_a_doctor_level_is_refused_before_any_host_is_touched(
+    local_fleet: LocalFleet, tmp_path: Path
+) -> None:
+    run = run_playbook(doctor_argv(local_fleet.inventory, tmp_path, fleet_doctor_level=5), timeout=300)
+    assert run.rc == 2
+    assert "fleet_doctor_level: '5' is not a doctor level; use 1 (static)" in run.output
+    assert list(tmp_path.iterdir()) == []
