@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from jitcache_helpers import FIXTURES, KEY
 
+from sm120check.jitcache.build import libcuda_problem
 from sm120check.jitcache.key import BuildContext, CacheKey, KeyProblem, arch_dir, parse_nvcc_release
 
 CONTEXT = BuildContext(
@@ -69,3 +71,15 @@ def test_slug_is_a_safe_file_name() -> None:
 def test_key_read_back_from_a_bundle_must_be_complete() -> None:
     with pytest.raises(KeyProblem, match="lacks context"):
         CacheKey.from_mapping({k: v for k, v in KEY.as_dict().items() if k != "context"}, "bundle.tar.gz")
+
+
+def test_build_host_without_libcuda_is_told_before_compiling(tmp_path: Path) -> None:
+    problem = libcuda_problem({}, tmp_path / "cuda", system_dirs=())
+    assert problem is not None and "lib64/stubs/libcuda.so" in problem
+
+
+def test_stub_directory_in_extra_ldflags_satisfies_the_link(tmp_path: Path) -> None:
+    (tmp_path / "stubs").mkdir()
+    (tmp_path / "stubs" / "libcuda.so").write_bytes(b"")
+    env = {"FLASHINFER_EXTRA_LDFLAGS": f"-L{tmp_path / 'stubs'}"}
+    assert libcuda_problem(env, tmp_path / "cuda", system_dirs=()) is None

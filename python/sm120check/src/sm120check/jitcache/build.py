@@ -9,6 +9,7 @@ Needs FlashInfer importable; needs no GPU when FLASHINFER_CUDA_ARCH_LIST names t
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,12 +53,43 @@ def spec_for(name: str) -> Any:
     return getattr(module, generator)()
 
 
+SYSTEM_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/lib64")
+
+
+def libcuda_problem(
+    env: Mapping[str, str], cuda_home: Path, system_dirs: Sequence[str] = SYSTEM_LIB_DIRS
+) -> str | None:
+    """Why FlashInfer's link step (`-lcuda`) would fail after minutes of compiling, or None when it will not.
+
+    The linker needs `libcuda.so` itself: the driver's development link, or the toolkit's stub. A toolkit assembled
+    from NVIDIA's wheels has no stub, and a build host without a driver has no link.
+    """
+    dirs = [cuda_home / "lib64", cuda_home / "lib64" / "stubs", cuda_home / "lib", cuda_home / "lib" / "stubs"]
+    flags = (env.get("FLASHINFER_EXTRA_LDFLAGS") or "").split()
+    dirs += [Path(flag[2:]) for flag in flags if flag.startswith("-L")]
+    dirs += [Path(d) for d in (env.get("LIBRARY_PATH") or "").split(os.pathsep) if d]
+    dirs += [Path(d) for d in system_dirs]
+    if any((d / "libcuda.so").exists() for d in dirs):
+        return None
+    return (
+        "no libcuda.so for FlashInfer's link step (-lcuda) in "
+        f"{cuda_home}/lib64[/stubs], FLASHINFER_EXTRA_LDFLAGS -L dirs, LIBRARY_PATH or the system lib dirs: on a host "
+        "without the NVIDIA driver put a stub at <CUDA_HOME>/lib64/stubs/libcuda.so (the toolkit's; a toolkit "
+        "assembled from wheels has none), or set FLASHINFER_EXTRA_LDFLAGS=-L<dir with one> on every node of the key"
+    )
+
+
 def library_dir(spec: Any) -> Path:
     return Path(spec.jit_library_path).parent
 
 
 def build(names: Sequence[str], ninja: str = "ninja", progress: Callable[[str], None] = print) -> list[ModuleOutcome]:
     """Build what ninja says is not cached, one module at a time, reporting progress and time taken."""
+    from flashinfer.jit.cpp_ext import get_cuda_path
+
+    problem = libcuda_problem(os.environ, Path(get_cuda_path()))
+    if problem:
+        raise ValueError(problem)
     outcomes: list[ModuleOutcome] = []
     specs = [(name, spec_for(name)) for name in names]
     for index, (name, spec) in enumerate(specs, 1):
