@@ -9,7 +9,7 @@ import pytest
 from jitcache_helpers import FIXTURES, KEY
 
 from sm120check.jitcache.build import libcuda_problem
-from sm120check.jitcache.key import BuildContext, CacheKey, KeyProblem, arch_dir, parse_nvcc_release
+from sm120check.jitcache.key import BuildContext, CacheKey, KeyProblem, arch_dir, jit_debug, parse_nvcc_release
 
 CONTEXT = BuildContext(
     flashinfer_dir="/opt/sm120kit/venv/lib/python3.12/site-packages/flashinfer",
@@ -83,3 +83,8 @@ def test_stub_directory_in_extra_ldflags_satisfies_the_link(tmp_path: Path) -> N
     (tmp_path / "stubs" / "libcuda.so").write_bytes(b"")
     env = {"FLASHINFER_EXTRA_LDFLAGS": f"-L{tmp_path / 'stubs'}"}
     assert libcuda_problem(env, tmp_path / "cuda", system_dirs=()) is None
+
+
+def test_verbose_jit_means_debug_builds_unless_debug_is_set() -> None:
+    assert jit_debug({"FLASHINFER_JIT_VERBOSE": "1"})
+    assert not jit_debug({"FLASHINFER_JIT_VERBOSE": "1", "FLASHINFER_JIT_DEBUG": "0"})

@@ -40,7 +40,6 @@ COMMAND_ENV = (
     "FLASHINFER_EXTRA_CFLAGS",
     "FLASHINFER_EXTRA_CUDAFLAGS",
     "FLASHINFER_EXTRA_LDFLAGS",
-    "FLASHINFER_JIT_DEBUG",
     "FLASHINFER_JIT_LINEINFO",
 )
 _NVCC_RELEASE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+\.\d+)")
@@ -107,6 +106,11 @@ class CacheKey:
             for name in KEY_FIELDS
             if name not in ignore and getattr(self, name) != getattr(other, name)
         ]
+
+
+def jit_debug(env: Mapping[str, str]) -> bool:
+    """FlashInfer compiles with -g -O0 --device-debug when FLASHINFER_JIT_DEBUG, else FLASHINFER_JIT_VERBOSE, is "1"."""
+    return env.get("FLASHINFER_JIT_DEBUG", env.get("FLASHINFER_JIT_VERBOSE", "0")) == "1"
 
 
 def parse_nvcc_release(text: str) -> str:
@@ -215,7 +219,9 @@ def compute(
         cuda_home=str(home),
         cache_root=str(flashinfer_jit.cache_root(env)),
         cxx=cxx_identity(env),
-        command_env=" ".join(f"{name}={env[name]}" for name in COMMAND_ENV if env.get(name)),
+        command_env=" ".join(
+            [f"{name}={env[name]}" for name in COMMAND_ENV if env.get(name)] + (["jit_debug"] if jit_debug(env) else [])
+        ),
         ninja=ninja_version(find_ninja(env)),
     )
     key = CacheKey(
