@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from jitcache_helpers import built_module, module_dir, ninja
@@ -37,3 +38,12 @@ def test_source_newer_than_the_module_is_reported_with_ninja_reason(tmp_path: Pa
     os.utime(tmp_path / "src" / "demo.cuh", ns=(later, later))
     verdict = dry_run(directory, ninja())
     assert not verdict.clean and "older than most recent input" in verdict.summary()
+
+
+def test_module_copied_to_another_cache_path_is_not_cached(tmp_path: Path) -> None:
+    """Its build.ninja still names the first path: FlashInfer rewrites it on load and ninja rebuilds."""
+    directory = built_module(tmp_path / "cache", tmp_path / "src")
+    moved = tmp_path / "elsewhere" / "demo"
+    shutil.copytree(directory, moved)
+    verdict = dry_run(moved, ninja())
+    assert not verdict.clean and "written for another cache path" in verdict.summary()

@@ -54,6 +54,13 @@ def dry_run(module_dir: Path, ninja: str = "ninja", timeout: float = 60.0) -> Ni
     build_file = module_dir / "build.ninja"
     if not build_file.is_file():
         return NinjaVerdict(False, 0, (f"{build_file} is missing (never built here)",))
+    elsewhere = foreign_target(build_file)
+    if elsewhere:
+        return NinjaVerdict(
+            False,
+            0,
+            (f"{build_file} builds {elsewhere}: written for another cache path, a load rewrites and rebuilds",),
+        )
     try:
         out = subprocess.run(
             [ninja, "-n", "-d", "explain", "-C", str(module_dir.resolve()), "-f", str(build_file.resolve())],
@@ -65,6 +72,16 @@ def dry_run(module_dir: Path, ninja: str = "ninja", timeout: float = 60.0) -> Ni
     except (OSError, subprocess.SubprocessError) as exc:
         return NinjaVerdict(False, 0, (f"{ninja} could not run: {exc}",))
     return parse_dry_run(out.stdout, out.stderr, out.returncode)
+
+
+def foreign_target(build_file: Path) -> str:
+    """The default target of a FlashInfer build file when it lies outside the file's own directory, else ""."""
+    for line in build_file.read_text(errors="replace").splitlines():
+        if line.startswith("default "):
+            target = Path(line.split(None, 1)[1].strip())
+            here = build_file.parent
+            return "" if target.parent in (here, here.resolve()) else str(target)
+    return ""
 
 
 def parse_dry_run(stdout: str, stderr: str, returncode: int) -> NinjaVerdict:
