@@ -4,7 +4,8 @@
 #
 # Usage: scripts/device/jit-carry.sh BUNDLE [DEST]
 #   BUNDLE  a bundle from `python -m sm120check.jitcache build|pack` (e.g. .carry/jit-90a.tar.gz)
-#   DEST    defaults to .whl in the repository root; the bundle lands there as sm120kit-jit.tar.gz
+#   DEST    defaults to .carry/jit (gitignored); the bundle lands there as sm120kit-jit.tar.gz. Not .whl: other
+#           engineers' carried wheels live there, and together they pass the device tool's 64 MiB.
 #
 # Fails when the files this script puts in DEST exceed 60 MiB, and warns when DEST also holds other files that would
 # push a carry of DEST past the device tool's 64 MiB.
@@ -15,7 +16,7 @@ CARRY_LIMIT_BYTES=$((64 * 1024 * 1024))
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bundle=${1:?usage: scripts/device/jit-carry.sh BUNDLE [DEST]}
-dest=${2:-$root/.whl}
+dest=${2:-$root/.carry/jit}
 python=${PYTHON:-python3}
 
 "$root/scripts/device/flashinfer-carry.sh" "$dest"
