@@ -23,8 +23,9 @@ from sm120check.jitcache.ninja import NinjaVerdict, dry_run, find_ninja
 FAMILY = "flashinfer_jit"
 MODULES = ("trtllm_comm", "pcie_ipc_comm")  # the role's default flashinfer_jit_modules
 # Cold build on first use, seconds. trtllm_comm: 260-320 s alone and 330-460 s beside pcie_ipc_comm on 2x H200
-# (stack-facts section 7, docs/validation/2026-11-30-h200x2); pcie_ipc_comm is one small source file.
-COLD_SECONDS: Mapping[str, tuple[int, int]] = {"trtllm_comm": (260, 460), "pcie_ipc_comm": (20, 140)}
+# (stack-facts section 7, docs/validation/2026-11-30-h200x2); pcie_ipc_comm's share is what the pair took beyond
+# trtllm_comm alone (330-460 s against 260-320 s).
+COLD_SECONDS: Mapping[str, tuple[int, int]] = {"trtllm_comm": (260, 460), "pcie_ipc_comm": (70, 140)}
 REMEDY = remedies.tags("flashinfer_jit")
 NO_NINJA = (
     "no `ninja` on PATH: FlashInfer runs it by name on every load and fails without it "
