@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,10 @@ def module_library(root: Path, version: str, targets: Sequence[str], module: str
     return root / version / "_".join(targets) / "cached_ops" / module / f"{module}.so"
 
 
+# A current module's ninja run takes milliseconds; anything slower compiled something.
+REBUILD_SECONDS = 2.0
+
+
 @dataclass(frozen=True)
 class ModuleBuild:
     name: str
@@ -81,12 +86,15 @@ class ModuleBuild:
 
 
 def build_modules(names: Iterable[str]) -> list[ModuleBuild]:
-    """Build (or find cached) FlashInfer JIT modules in this process, in one parallel ninja run.
+    """Build (or find cached) FlashInfer JIT modules in this process, exactly as their first real load would.
 
-    Needs flashinfer importable; needs no GPU when FLASHINFER_CUDA_ARCH_LIST names the targets.
+    Each module is built through its own spec (`spec.build`, under FlashInfer's lock), side by side in
+    threads. FlashInfer's combined pre-build (`build_jit_specs`) is not used: it keeps ninja's log one
+    directory up, so the first real load finds no record, recompiles for minutes under the lock, and the
+    other ranks wait for it (what looked like a hang in "create workspace" on the H200s). Prebuilt (AOT)
+    modules are taken as they are. Needs no GPU when FLASHINFER_CUDA_ARCH_LIST names the targets.
     """
     from flashinfer.jit import comm as jit_comm
-    from flashinfer.jit.core import build_jit_specs
 
     specs = {}
     for name in names:
@@ -94,22 +102,20 @@ def build_modules(names: Iterable[str]) -> list[ModuleBuild]:
         if generator is None or not hasattr(jit_comm, generator):
             raise ValueError(f"FlashInfer JIT module {name!r} is unknown here; known: {', '.join(COMM_MODULES)}")
         specs[name] = getattr(jit_comm, generator)()
-    before = {name: bool(spec.is_compiled) for name, spec in specs.items()}
-    missing = [spec for name, spec in specs.items() if not before[name]]
-    start = time.monotonic()
-    if missing:
-        build_jit_specs(missing, verbose=False)
-    seconds = time.monotonic() - start
-    return [
-        ModuleBuild(
-            name=name,
-            cached_before=before[name],
-            built=not before[name] and bool(spec.is_compiled),
-            seconds=round(seconds if not before[name] else 0.0, 2),
-            library=str(spec.get_library_path()),
-        )
-        for name, spec in specs.items()
-    ]
+
+    def one(name: str) -> ModuleBuild:
+        spec = specs[name]
+        if getattr(spec, "is_aot", False):
+            return ModuleBuild(name, True, False, 0.0, str(spec.get_library_path()))
+        before = bool(spec.is_compiled)
+        start = time.monotonic()
+        spec.build(verbose=False, need_lock=True)  # ninja: a no-op in milliseconds when the module is current
+        seconds = time.monotonic() - start
+        built = not before or seconds > REBUILD_SECONDS
+        return ModuleBuild(name, not built, built, round(seconds if built else 0.0, 2), str(spec.get_library_path()))
+
+    with ThreadPoolExecutor(max_workers=max(1, len(specs))) as pool:
+        return list(pool.map(one, specs))
 
 
 def jit_environment() -> dict[str, object]:

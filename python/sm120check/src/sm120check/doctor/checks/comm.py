@@ -17,6 +17,7 @@ from sm120check.comm import flashinfer_jit, flashinfer_release, topology
 from sm120check.doctor import remedies, stackenv
 from sm120check.doctor.child import ChildOutcome, run_probe
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.jitcache.ninja import dry_run, find_ninja
 
 FAMILY = "comm"
 PROBES = "sm120check.doctor.probes"
@@ -456,14 +457,18 @@ def jit_timeout(ctx: Context) -> float:
 
 
 def predicted_cached(version: str, capabilities: Sequence[str], env: Mapping[str, str] | None = None) -> bool:
-    """Whether trtllm_comm is already in FlashInfer's JIT cache for these GPUs (no flashinfer import)."""
+    """Whether trtllm_comm loads from FlashInfer's JIT cache for these GPUs without compiling (no flashinfer
+    import): its library exists and ninja, which FlashInfer runs on every load, has no work there."""
     env = os.environ if env is None else env
     try:
         targets = flashinfer_jit.jit_targets(capabilities, env.get("FLASHINFER_CUDA_ARCH_LIST"))
     except ValueError:
         return False
-    root = flashinfer_jit.cache_root(env)
-    return flashinfer_jit.module_library(root, version, targets, "trtllm_comm").exists()
+    library = flashinfer_jit.module_library(flashinfer_jit.cache_root(env), version, targets, "trtllm_comm")
+    if not library.exists():
+        return False
+    ninja = find_ninja(env)
+    return ninja is not None and dry_run(library.parent, ninja).clean
 
 
 def judge_fusion(data: Mapping[str, Any], gate: flashinfer_release.FusionGate, timeout: float) -> Result:
