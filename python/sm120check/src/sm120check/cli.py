@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "fleet": "sm120check.fleet.cli",
     "bench": "sm120check.bench.cli",
     "crossover": "sm120check.bench.crossover_cli",
+    "jit": "sm120check.jitcache.cli",
 }
 
 EXIT_OK = 0
