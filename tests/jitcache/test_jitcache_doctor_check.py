@@ -54,3 +54,13 @@ def test_cached_module_without_ninja_on_path_is_not_usable(tmp_path: Path) -> No
     built_module(root, tmp_path / "src")
     result = judge(module_rows(root, "0.7.2", "90a", ["demo"], None), "here")
     assert result.status is Status.WARN and "no `ninja` on PATH" in result.details
+
+
+def test_a_prebuilt_aot_module_counts_as_cached_without_ninja(tmp_path: Path) -> None:
+    # As on the H200 run: the cross-built bundle installed with `unpack --into aot` loads with no compile.
+    aot = tmp_path / "site" / "flashinfer" / "data" / "aot"
+    (aot / "trtllm_comm").mkdir(parents=True)
+    (aot / "trtllm_comm" / "trtllm_comm.so").write_bytes(b"\x7fELF")
+    result = judge(module_rows(tmp_path / "cache", "0.7.2", "90a", ["trtllm_comm"], None, [aot]), "here")
+    assert result.status is Status.PASS
+    assert "prebuilt (AOT)" in result.data["modules"][0]["why"]

@@ -8,13 +8,14 @@ manifest's environment, overridden by this process's) or the home directory, the
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from sm120check.comm import flashinfer_jit
-from sm120check.doctor import remedies
+from sm120check.doctor import remedies, stackenv
 from sm120check.doctor.checks.comm import capability, flashinfer_version
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.jitcache import bundle
@@ -39,9 +40,26 @@ def serving_env(ctx: Context, environ: Mapping[str, str] | None = None) -> dict[
     return {**manifest_env, **dict(os.environ if environ is None else environ)}
 
 
-def module_rows(root: Path, version: str, arch: str, modules: Sequence[str], ninja: str | None) -> list[dict[str, Any]]:
+def aot_dirs(ctx: Context) -> list[Path]:
+    """Where the stack's FlashInfer keeps prebuilt (AOT) modules, which it loads without ninja or a compile."""
+    dirs = [site / "flashinfer" / "data" / "aot" for site in stackenv.site_packages(stackenv.prefix(ctx))]
+    if ctx.manifest is None or not ctx.manifest.venv:  # the running interpreter is the stack (PYTHONPATH counts)
+        spec = importlib.util.find_spec("flashinfer")
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            dirs.append(Path(location) / "data" / "aot")
+    return dirs
+
+
+def module_rows(
+    root: Path, version: str, arch: str, modules: Sequence[str], ninja: str | None, aot: Sequence[Path] = ()
+) -> list[dict[str, Any]]:
     rows = []
     for name in modules:
+        prebuilt = next((d / name / f"{name}.so" for d in aot if (d / name / f"{name}.so").is_file()), None)
+        if prebuilt is not None:
+            why = f"prebuilt (AOT) library {prebuilt}: FlashInfer loads it without ninja or a compile"
+            rows.append({"module": name, "cached": True, "dir": str(prebuilt.parent), "why": why, "from": "aot"})
+            continue
         directory = bundle.module_dir(root, version, arch, name)
         library = directory / f"{name}.so"
         if not library.is_file():
@@ -117,7 +135,7 @@ class FlashinferJitCheck:
             return _result(Status.FAIL, str(exc), remedy=remedies.CUDA_ENV)
         root = flashinfer_jit.cache_root(env)
         ninja = find_ninja(env)
-        rows = module_rows(root, version, arch, MODULES, ninja)
+        rows = module_rows(root, version, arch, MODULES, ninja, aot_dirs(ctx))
         return judge(rows, f"{root}/{version}/{arch}")
 
 
