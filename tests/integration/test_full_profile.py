@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from lab.converge import NODE_GROUPS, ConvergedNode, converge
-from lab.playbook import REPO_ROOT, write_inventory
+from lab.converge import NODE_GROUPS, ConvergedNode, site_argv
+from lab.playbook import REPO_ROOT, run_playbook, write_inventory
 from lab.podman import Mount, node_exec, running_node
 from lab.wheelhouse import NODE_PATH, WheelhouseError, build_wheelhouse
 
@@ -25,6 +25,8 @@ PINS = MANIFEST["sm120kit_profiles"]["full"]["python_packages"]
 VENV_PYTHON = f"{MANIFEST['sm120kit_venv']}/bin/python"
 # No GPU here: the flashinfer_jit role (tested on its own in tests/jitcache) would cross-compile for an hour on two
 # cores and then miss libcuda.so at link time; the doctor's torch check fails for want of a GPU.
+# Installing ~4 GB of wheels through the podman connection on two cores takes well over CI's per-run budget.
+FULL_CONVERGE_TIMEOUT = 4800
 FULL = {"sm120kit_profile": "full", "sm120kit_doctor_fail_on_error": False, "flashinfer_jit_enabled": False}
 
 PROBE = """
@@ -44,7 +46,7 @@ def full_node(lab: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Co
         pytest.fail(str(error), pytrace=False)
     with running_node("full", lab, [Mount(directory, NODE_PATH)]) as node:
         inventory = write_inventory(tmp_path_factory.mktemp("full-inventory"), [node], NODE_GROUPS)
-        run = converge(inventory, **FULL)
+        run = run_playbook(site_argv(inventory, **FULL), timeout=FULL_CONVERGE_TIMEOUT)
         if run.rc != 0:
             pytest.fail(f"the full converge failed:\n{run.tail(120)}", pytrace=False)
         yield ConvergedNode(node, inventory, run)
