@@ -138,3 +138,23 @@ def test_a_second_nccl_on_the_loader_path_beside_torchs_warns() -> None:
     result = libs_verdict(H200_MAPPED, H200_CACHE, {})
     assert result.status is Status.WARN
     assert result.summary.startswith("a torch process maps libraries other than the node's: libnccl")
+
+
+def test_cutlass_dsl_cu12_libs_beside_their_cu13_twin_pass_with_a_note(tmp_path: Path) -> None:
+    # SGLang 0.5.23's full install (tests/integration/test_full_profile.py): nvidia-cutlass-dsl 4.8.0 always
+    # requires nvidia-cutlass-dsl-libs-cu12, and -libs-cu13 through its [cu13] extra.
+    dists = {
+        "torch": "2.14.1",
+        "nvidia-cutlass-dsl": "4.8.0",
+        "nvidia-cutlass-dsl-libs-cu12": "4.8.0",
+        "nvidia-cutlass-dsl-libs-cu13": "4.8.0",
+    }
+    venv = _venv(tmp_path, dists)
+    result = wheels_verdict(stackenv.installed(venv), str(venv))
+    assert result.status is Status.PASS
+    assert "nvidia-cutlass-dsl-libs-cu12 4.8.0 (beside nvidia-cutlass-dsl-libs-cu13 4.8.0)" in result.details
+
+
+def test_cu12_flavour_without_its_cu13_twin_still_fails(tmp_path: Path) -> None:
+    venv = _venv(tmp_path, {"torch": "2.14.1", "nvidia-cutlass-dsl-libs-cu12": "4.8.0"})
+    assert wheels_verdict(stackenv.installed(venv), str(venv)).status is Status.FAIL

@@ -32,6 +32,8 @@ def cuda12_dists(installed: Mapping[str, str], layouts: Mapping[str, set[str]] |
     layouts = layouts or {}
     found = []
     for name, version in sorted(installed.items()):
+        if name.endswith("-cu12") and installed.get(f"{name[:-5]}-cu13") == version:
+            continue  # a dual-flavour package (paired_flavours): the CUDA 13 twin is what a CUDA 13 process loads
         if name.endswith("-cu12"):
             found.append(f"{name} {version}")
         elif name == "sgl-kernel" and versions.parse(version)[:2] == (0, 3):
@@ -41,6 +43,20 @@ def cuda12_dists(installed: Mapping[str, str], layouts: Mapping[str, set[str]] |
         elif name == "torch" and torch_cuda_major(version) == 12:
             found.append(f"torch {version} (a CUDA 12 build)")
     return found
+
+
+def paired_flavours(installed: Mapping[str, str]) -> list[str]:
+    """`*-cu12` wheels installed beside their `*-cu13` twin at the same version.
+
+    Some packages hard-require both flavours and pick one at run time by the CUDA they find: nvidia-cutlass-dsl
+    4.8.0 (pulled in by SGLang 0.5.23 and FlashInfer 0.7.2) depends on nvidia-cutlass-dsl-libs-cu12 always and on
+    -libs-cu13 with its [cu13] extra. Uninstalling the cu12 one breaks pip's view of the venv and changes nothing.
+    """
+    return [
+        f"{name} {version} (beside {name[:-5]}-cu13 {version})"
+        for name, version in sorted(installed.items())
+        if name.endswith("-cu12") and installed.get(f"{name[:-5]}-cu13") == version
+    ]
 
 
 def wheels_verdict(installed: Mapping[str, str], venv: str, layouts: Mapping[str, set[str]] | None = None) -> Result:
@@ -59,8 +75,14 @@ def wheels_verdict(installed: Mapping[str, str], venv: str, layouts: Mapping[str
             data=data,
         )
     with_torch = f", torch {torch}" if torch else ""
+    paired = paired_flavours(installed)
+    note = ("dual-flavour wheels, whose CUDA 13 twin is used: " + "; ".join(paired)) if paired else ""
     return Result(
-        "abi_wheels", Status.PASS, f"no CUDA 12 wheels among {len(installed)} distributions{with_torch}", data=data
+        "abi_wheels",
+        Status.PASS,
+        f"no CUDA 12 wheels among {len(installed)} distributions{with_torch}",
+        details=note,
+        data=data,
     )
 
 
