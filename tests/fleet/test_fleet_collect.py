@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sm120check.cli import main
-from sm120check.fleet.collect import node_file, write_run
+from sm120check.fleet.collect import REACHED, node_file, write_run
 from sm120check.fleet.load import load
 from sm120check.fleet.model import NodeState
 
@@ -24,11 +24,18 @@ def test_a_doctor_report_is_kept_as_the_doctor_wrote_it() -> None:
     assert json.loads(node_file("sm120kit-fleetdev-2", result)) == json.loads(result["stdout"])
 
 
-def test_an_unreachable_node_gets_a_stub_with_ansibles_message() -> None:
-    result = REGISTERED["sm120kit-fleetdev-ghost"]
+def test_a_node_ansible_calls_unreachable_gets_a_stub_with_ansibles_message() -> None:
+    ghost = json.loads((FIXTURES / "run-broken" / "nodes" / "sm120kit-fleetdev-ghost.json").read_text())
+    result = {"unreachable": True, "msg": ghost["error"], "changed": False}
     stub = json.loads(node_file("sm120kit-fleetdev-ghost", result))
-    assert (stub["host"], stub["state"]) == ("sm120kit-fleetdev-ghost", "unreachable")
-    assert stub["error"] == result["msg"]
+    assert (stub["host"], stub["state"], stub["error"]) == ("sm120kit-fleetdev-ghost", "unreachable", ghost["error"])
+
+
+def test_a_command_that_never_ran_on_the_node_makes_it_unreachable() -> None:
+    # The podman connection reports a missing container as `podman exec` exit 125, not as unreachable.
+    stub = json.loads(node_file("sm120kit-fleetdev-ghost", REGISTERED["sm120kit-fleetdev-ghost"]))
+    assert stub["state"] == "unreachable"
+    assert stub["error"].startswith("the command did not run on the node (exit 125): Error: no container with name")
 
 
 def test_a_node_without_the_checker_gets_a_no_checker_stub() -> None:
@@ -40,7 +47,7 @@ def test_a_node_without_the_checker_gets_a_no_checker_stub() -> None:
 def test_a_doctor_usage_error_gets_an_error_stub_with_its_message() -> None:
     # Recorded on this machine: `sm120check doctor --json --manifest /nonexistent.json` exits 2.
     stderr = (FIXTURES / "doctor-rc2-stderr.txt").read_text()
-    stub = json.loads(node_file("gpu-node-09", {"rc": 2, "stdout": "", "stderr": stderr}))
+    stub = json.loads(node_file("gpu-node-09", {"rc": 2, "stdout": "", "stderr": f"{REACHED}\n{stderr}"}))
     assert stub["state"] == "error"
     assert stub["error"].startswith("the doctor exited 2: sm120check doctor: error: --manifest:")
 

@@ -16,6 +16,10 @@ from sm120check.fleet.load import NODES_DIR
 from sm120check.fleet.model import NodeState
 
 NO_CHECKER_RC = 127  # the playbook's shell exits 127 when the node has no sm120check
+# The playbook's script writes this line to stderr first. A failed command without it never ran on the node: the
+# connection failed without Ansible calling the node unreachable (the podman connection reports a missing container
+# as `podman exec` exit 125, not as unreachable).
+REACHED = "sm120kit fleet: on the node"
 LATEST = "latest"
 _TAIL = 2000
 
@@ -37,17 +41,22 @@ def node_file(host: str, result: object) -> str:
     if result.get("unreachable"):
         return _stub(host, NodeState.UNREACHABLE, _tail(result.get("msg")) or "unreachable")
     rc = result.get("rc")
+    raw_stderr = str(result.get("stderr") or "")
+    stderr = "\n".join(line for line in raw_stderr.splitlines() if line.strip() != REACHED)
+    if rc not in (0, 1) and REACHED not in raw_stderr:
+        why = _tail(stderr) or _tail(result.get("msg")) or "no output"
+        return _stub(host, NodeState.UNREACHABLE, f"the command did not run on the node (exit {rc}): {why}", rc=rc)
     if rc == NO_CHECKER_RC:
-        return _stub(host, NodeState.NO_CHECKER, _tail(result.get("stderr")) or "no sm120check on the node")
+        return _stub(host, NodeState.NO_CHECKER, _tail(stderr) or "no sm120check on the node")
     stdout = str(result.get("stdout") or "")
     if rc in (0, 1):
         try:
             json.loads(stdout)
         except json.JSONDecodeError as error:
             why = f"the doctor exited {rc} but its output is not JSON ({error.msg}): {stdout[:200]!r}"
-            return _stub(host, NodeState.ERROR, why, rc=rc, stderr=_tail(result.get("stderr")))
+            return _stub(host, NodeState.ERROR, why, rc=rc, stderr=_tail(stderr))
         return stdout if stdout.endswith("\n") else stdout + "\n"
-    why = _tail(result.get("stderr")) or _tail(result.get("msg")) or "no output"
+    why = _tail(stderr) or _tail(result.get("msg")) or "no output"
     return _stub(host, NodeState.ERROR, f"the doctor exited {rc}: {why}", rc=rc)
 
 
