@@ -4,10 +4,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PROFILE ?= core
+INVENTORY ?= inventory/localhost.yml
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k doctor"`.
 PYTEST_ARGS ?=
 
-.PHONY: help venv provision wheelhouse lab lint test test-fast test-full bench readmes clean
+.PHONY: help venv provision fleet wheelhouse lab lint test test-fast test-full bench readmes clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -22,6 +23,9 @@ $(BIN)/.installed: requirements-dev.txt python/sm120check/pyproject.toml
 
 provision: venv  ## the main job: converge this machine (inventory/localhost.yml) with ansible-playbook site.yml
 	$(BIN)/ansible-playbook site.yml
+
+fleet: venv  ## the doctor on every node of INVENTORY, one matrix (build/fleet/latest)
+	$(BIN)/ansible-playbook -i $(INVENTORY) playbooks/doctor.yml
 
 wheelhouse: venv  ## collect every wheel of PROFILE (core or full) into build/wheelhouse/PROFILE
 	$(BIN)/ansible-playbook playbooks/wheelhouse.yml -e wheelhouse_profile=$(PROFILE)
