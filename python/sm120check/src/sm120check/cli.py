@@ -43,14 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sm120check {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module_name in SUBCOMMANDS.values():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # a subcommand still being built is absent, not fatal
-            if exc.name is None or not module_name.startswith(exc.name):
-                raise
-            continue
-        register: Callable[[Any], None]
-        register = module.register
+        register: Callable[[Any], None] = importlib.import_module(module_name).register
         register(subparsers)
     return parser
 
