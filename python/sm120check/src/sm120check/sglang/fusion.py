@@ -1,8 +1,10 @@
 """FlashInfer allreduce-fusion gates: the `sm90 or sm100` conditions that keep fusion off other majors.
 
 Runtime gates decide per batch whether the fused kernel runs; the backend gate (`_resolve_backend`) raises
-"requires SM90 or SM10X"; auto-enable gates (server arguments) only pick the default and are reported, not
-patched: on SM120 fusion is something an operator turns on explicitly.
+"requires SM90 or SM10X"; auto-enable gates (server arguments) pick the default. Those are reported, not
+patched (on SM120 fusion is something an operator turns on explicitly), except where they admit SM120 through
+`is_blackwell_supported()` (0.5.4.post3 to 0.5.7) while FlashInfer has no SM120 kernels: that turns fusion on by
+itself and crashes the server at start (sglang#15650), and these releases have no flag to turn it off.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from sm120check.sglang.errors import Refusal
-from sm120check.sglang.textedit import MARK, Source, replace
+from sm120check.sglang.textedit import MARK, Source, mark_lines, replace
 from sm120check.sglang.tree import SourceTree
 
 GATE_FILES: dict[str, str] = {
@@ -85,19 +87,118 @@ def _majors(gate: ast.BoolOp) -> tuple[int, ...]:
     return tuple(m for m in (_major(v) for v in gate.values) if m is not None)
 
 
+BLACKWELL = "is_blackwell_supported"
+SM100_HELPER = "is_sm100_supported"
+UTILS_FILES = ("srt/utils/common.py", "srt/utils.py")
+FUSION_FLAG = "enable_flashinfer_allreduce_fusion"
+
+
+def blackwell_majors(tree: SourceTree) -> tuple[int, ...]:
+    """The majors `is_blackwell_supported()` admits in this release, read from its definition ([10, 12] up to 0.5.7).
+
+    Both shapes seen: `return (get_device_capability(device)[0] in [10, 12]) and ...` and
+    `is_blackwell_supported = ... partial(_check_cuda_device_version, device_capability_majors=[10, 12])`.
+    """
+    for rel in UTILS_FILES:
+        if not tree.exists(rel) or BLACKWELL not in tree.read(rel):
+            continue
+        for node in tree.parse(rel).body:
+            named = (isinstance(node, ast.FunctionDef) and node.name == BLACKWELL) or (
+                isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == BLACKWELL for t in node.targets)
+            )
+            if not named:
+                continue
+            for sub in ast.walk(node):
+                values: list[ast.List | ast.Tuple] = []
+                if isinstance(sub, ast.Compare) and any(isinstance(op, ast.In) for op in sub.ops):
+                    values = [c for c in sub.comparators if isinstance(c, (ast.List, ast.Tuple))]
+                elif isinstance(sub, ast.keyword) and sub.arg == "device_capability_majors":
+                    values = [sub.value] if isinstance(sub.value, (ast.List, ast.Tuple)) else []
+                for seq in values:
+                    majors = [e.value for e in seq.elts if isinstance(e, ast.Constant) and isinstance(e.value, int)]
+                    if majors:
+                        return tuple(majors)
+    return (10, 11, 12)  # the definition moved: assume every Blackwell major, SM120 included
+
+
+def _is_blackwell_call(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == BLACKWELL
+        and not node.args
+        and not node.keywords
+    )
+
+
+def _sets_fusion_on(body: list[ast.stmt]) -> bool:
+    """`self.enable_flashinfer_allreduce_fusion = True` directly in this block or in a block nested in it."""
+    for stmt in body:
+        for node in ast.walk(stmt):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Constant)
+                and node.value.value is True
+                and any(isinstance(t, ast.Attribute) and t.attr == FUSION_FLAG for t in node.targets)
+            ):
+                return True
+    return False
+
+
+def _blackwell_term(test: ast.expr) -> ast.expr | None:
+    """The capability part of an auto-enable condition that calls is_blackwell_supported(): the `or` holding
+    the call when it is one (`is_sm90_supported() or is_blackwell_supported()`), else the call itself."""
+    for node in ast.walk(test):
+        if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and any(map(_is_blackwell_call, node.values)):
+            return node
+    return next((n for n in ast.walk(test) if isinstance(n, ast.Call) and _is_blackwell_call(n)), None)
+
+
+def _term_majors(term: ast.expr, blackwell: tuple[int, ...]) -> tuple[int, ...]:
+    values = term.values if isinstance(term, ast.BoolOp) else [term]
+    majors: list[int] = []
+    for v in values:
+        majors += list(blackwell) if _is_blackwell_call(v) else [m] if (m := _major(v)) is not None else []
+    return tuple(sorted(set(majors)))
+
+
 def _auto_enable_gates(tree: SourceTree) -> list[FusionGate]:
     files = [AUTO_ENABLE_FILES[0]] if tree.exists(AUTO_ENABLE_FILES[0]) else []
     if (tree.root / AUTO_ENABLE_FILES[1]).is_dir():
         files += tree.files(AUTO_ENABLE_FILES[1])
     gates = []
+    blackwell: tuple[int, ...] | None = None
     for rel in files:
         if "allreduce_fusion" not in tree.read(rel):
             continue
         for function, node in _nodes_with_function(tree.parse(rel)):
-            if isinstance(node, ast.If) and "allreduce_fusion" in ast.unparse(node.test).lower():
+            if not isinstance(node, ast.If):
+                continue
+            if "allreduce_fusion" in ast.unparse(node.test).lower():
                 for _, gate in _gates_in(node.test):
                     gates.append(FusionGate(rel, function, "auto-enable", ast.unparse(gate), _majors(gate)))
+            term = _blackwell_term(node.test)
+            if term is not None and _sets_fusion_on(node.body):  # 0.5.4.post3 to 0.5.7: SM120 admitted
+                blackwell = blackwell_majors(tree) if blackwell is None else blackwell
+                gates.append(FusionGate(rel, function, "auto-enable", ast.unparse(term), _term_majors(term, blackwell)))
     return gates
+
+
+def restrict_auto_enable(text: str, rel: str) -> str:
+    """Turn `is_blackwell_supported()` into `is_sm100_supported()` in every auto-enable condition of the file, so
+    SGLang no longer turns fusion on for SM120 by itself where FlashInfer has no SM120 kernels (sglang#15650)."""
+    src = Source(text)
+    module = ast.parse(text)
+    calls: list[ast.expr] = []
+    for _function, node in _nodes_with_function(module):
+        if isinstance(node, ast.If) and _sets_fusion_on(node.body) and _blackwell_term(node.test) is not None:
+            calls += [n for n in ast.walk(node.test) if isinstance(n, ast.Call) and _is_blackwell_call(n)]
+    lines = sorted({c.lineno for c in calls})
+    for call in sorted(calls, key=src.start, reverse=True):
+        text = replace(text, src.start(call), src.end(call), f"{SM100_HELPER}()")
+    text = mark_lines(text, lines, "FlashInfer has no SM120 fusion kernels here (sglang#15650)")
+    return import_helper(text, rel, SM100_HELPER)
 
 
 def scan(tree: SourceTree) -> tuple[FusionGate, ...]:
@@ -147,13 +248,16 @@ def admit_sm120(text: str, rel: str) -> str:
     src = Source(text)
     module = ast.parse(text)
     edits = []
+    edited: list[int] = []
     for _function, gate in _gates_in(module):
         if 12 in {_major(v) for v in gate.values}:
             continue
         sm100 = next(v for v in gate.values if _major(v) == 10)
         edits.append((src.end(gate.values[-1]), f" or {_sm120_form(src.segment(sm100), rel)}"))
+        edited.append(gate.values[-1].end_lineno or gate.lineno)
     for offset, new in sorted(edits, reverse=True):
         text = replace(text, offset, offset, new)
+    text = mark_lines(text, edited, "admits SM120 (FlashInfer >= 0.6.17 builds its fusion kernels for it)")
     text = _define_sm120_var(text, rel)
     return _import_sm120_helper(text, rel)
 
@@ -176,12 +280,17 @@ def _define_sm120_var(text: str, rel: str) -> str:
 
 
 def _import_sm120_helper(text: str, rel: str) -> str:
+    return import_helper(text, rel, SM120_HELPER)
+
+
+def import_helper(text: str, rel: str, helper: str) -> str:
+    """`from sglang.srt.utils import <helper>` after the last top-level import, when the file uses it undefined."""
     module = ast.parse(text)
-    if not _loads(module, SM120_HELPER) or SM120_HELPER in _top_level_names(module):
+    if not _loads(module, helper) or helper in _top_level_names(module):
         return text
     imports = [n for n in module.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     if not imports:
-        raise Refusal(rel, "import", "no top-level import to place the SM120 helper import after")
+        raise Refusal(rel, "import", f"no top-level import to place the {helper} import after")
     src = Source(text)
     at = src.after_line(imports[-1].end_lineno or imports[-1].lineno)
-    return replace(text, at, at, f"from sglang.srt.utils import {SM120_HELPER}  {MARK}{src.newline()}")
+    return replace(text, at, at, f"from sglang.srt.utils import {helper}  {MARK}{src.newline()}")

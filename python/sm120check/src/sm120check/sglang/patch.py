@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sm120check import __version__
-from sm120check.sglang import eagle, fusion, symm_mem
+from sm120check.sglang import eagle, fusion, preflight, symm_mem
 from sm120check.sglang.errors import SglangError
-from sm120check.sglang.report import ScanReport
+from sm120check.sglang.report import AUTO_ENABLE_ID, PREFLIGHT_ID, ScanReport
 from sm120check.sglang.tree import SourceTree
 
 STATE_DIR = ".sm120kit"
@@ -91,6 +91,20 @@ def plan(tree: SourceTree, report: ScanReport) -> list[FileChange]:
             symm.communicator_path,
             lambda t: symm_mem.relax_multicast_return(t, symm.communicator_path, symm.communicator),
             f"{symm.communicator}: multicast early return only where multimem is selected",
+        )
+    if PREFLIGHT_ID in failing and report.preflight is not None:
+        rel = report.preflight.path
+        edit(
+            rel,
+            functools.partial(preflight.relax, rel=rel),
+            f"{report.preflight.function}: sized as FlashInfer "
+            "allocates its TRT-LLM workspace, without the multicast query that skips fusion on PCIe",
+        )
+    for rel in sorted({f.path for f in report.findings if f.id.startswith(AUTO_ENABLE_ID) and f.id in failing}):
+        edit(
+            rel,
+            functools.partial(fusion.restrict_auto_enable, rel=rel),
+            "fusion auto-enable limited to SM100 (FlashInfer without SM120 kernels, sglang#15650)",
         )
     for rel in sorted({f.path for f in report.findings if f.id.startswith("fusion-gate:") and f.id in failing}):
         functions = sorted(g.function for g in report.gates if g.path == rel and g.kind != "auto-enable")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sm120check.sglang import eagle, fusion, symm_mem
+from sm120check.sglang import eagle, fusion, preflight, symm_mem
 from sm120check.sglang.tree import FLASHINFER_MIN_FOR_SM120, ComputeCapability, SourceTree, parse_version
 
 
@@ -28,6 +28,7 @@ class ScanReport:
     gates: tuple[fusion.FusionGate, ...]
     eagle: eagle.EagleScan
     findings: tuple[Finding, ...]
+    preflight: preflight.PreflightScan | None = None
 
     @property
     def needs_patch(self) -> bool:
@@ -64,6 +65,7 @@ class ScanReport:
                 ],
                 "model_status": {m.name: dict(m.methods) for m in self.eagle.models},
             },
+            "workspace_preflight": asdict(self.preflight) if self.preflight else None,
             "findings": [asdict(f) for f in self.findings],
         }
 
@@ -86,6 +88,52 @@ def _gate_finding(gate: fusion.FusionGate, cc: ComputeCapability, flashinfer: st
         summary = f"{where} does not admit 12; FlashInfer {flashinfer} < {need} has no SM120 fusion kernels, left as is"
         return Finding(fid, False, False, summary, gate.path)
     return Finding(fid, False, True, f"{where} does not admit 12 (FlashInfer {flashinfer} supports it)", gate.path)
+
+
+AUTO_ENABLE_ID = "fusion-auto-enable:"
+PREFLIGHT_ID = "fusion-preflight"
+
+
+def _auto_enable_finding(gate: fusion.FusionGate, cc: ComputeCapability, flashinfer: str | None) -> Finding | None:
+    """Only the auto-enable that turns fusion on for this major with a FlashInfer that has no kernels for it (the
+    startup crash of sglang#15650, 0.5.4.post3 to 0.5.7) is a finding; the others are notes in the render."""
+    if cc.major != 12 or cc.major not in gate.majors or flashinfer is None:
+        return None
+    if parse_version(flashinfer) >= FLASHINFER_MIN_FOR_SM120:
+        return None
+    fid = f"{AUTO_ENABLE_ID}{gate.path}::{gate.function}"
+    summary = (
+        f"auto-enable `{gate.expression}` in {gate.function} turns FlashInfer allreduce fusion on for major 12 by "
+        f"itself, and FlashInfer {flashinfer} has no SM120 fusion kernels: the server fails at start (sglang#15650, "
+        "'No supported CUDA architectures found'); this release has no flag to turn fusion off, so the patch limits "
+        "the auto-enable to SM100 (or install FlashInfer >= "
+        + ".".join(map(str, FLASHINFER_MIN_FOR_SM120))
+        + ")"
+    )
+    return Finding(fid, False, True, summary, gate.path)
+
+
+def _preflight_finding(workspace: preflight.PreflightScan, cc: ComputeCapability, flashinfer: str | None) -> Finding:
+    where = f"workspace preflight {workspace.function}"
+    if not workspace.queries_multicast:
+        how = " (sized as FlashInfer allocates, by sm120check)" if workspace.relaxed else ""
+        return Finding(PREFLIGHT_ID, True, False, f"{where} needs no multicast{how}", workspace.path)
+    problem = (
+        f"{where} rounds to cuMulticastGetGranularity, which fails without multicast (every PCIe box): SGLang logs "
+        "'FlashInfer workspace preflight probe failed (...). Skipping allreduce fusion.' and serves unfused"
+    )
+    if cc.major not in preflight.TRTLLM_MAJORS:
+        reason = f"; major {cc.major} resolves to the MNNVL backend, which uses multicast: left as is"
+        return Finding(PREFLIGHT_ID, False, False, problem + reason, workspace.path)
+    need = ".".join(map(str, preflight.FLASHINFER_NON_MULTICAST))
+    if flashinfer is None:
+        reason = "; FlashInfer is not installed, left as is"
+        return Finding(PREFLIGHT_ID, False, False, problem + reason, workspace.path)
+    if parse_version(flashinfer) < preflight.FLASHINFER_NON_MULTICAST:
+        reason = f"; FlashInfer {flashinfer} < {need} may allocate differently, left as is"
+        return Finding(PREFLIGHT_ID, False, False, problem + reason, workspace.path)
+    fix = f", although FlashInfer {flashinfer} creates that workspace without multicast"
+    return Finding(PREFLIGHT_ID, False, True, problem + fix, workspace.path)
 
 
 def _names(keys: tuple[int, ...]) -> str:
@@ -135,6 +183,10 @@ def run(tree: SourceTree, cc: ComputeCapability, flashinfer: str | None, flashin
         ),
     ]
     findings += [_gate_finding(g, cc, flashinfer) for g in gates if g.kind != "auto-enable"]
+    findings += [f for f in (_auto_enable_finding(g, cc, flashinfer) for g in gates if g.kind == "auto-enable") if f]
+    workspace = preflight.scan(tree)
+    if workspace is not None:
+        findings.append(_preflight_finding(workspace, cc, flashinfer))
     for gap in found.wrapper_gaps:
         findings.append(
             Finding(
@@ -146,7 +198,16 @@ def run(tree: SourceTree, cc: ComputeCapability, flashinfer: str | None, flashin
             )
         )
     return ScanReport(
-        str(tree.root), tree.version, cc, flashinfer, flashinfer_origin, symm, gates, found, tuple(findings)
+        str(tree.root),
+        tree.version,
+        cc,
+        flashinfer,
+        flashinfer_origin,
+        symm,
+        gates,
+        found,
+        tuple(findings),
+        preflight=workspace,
     )
 
 
@@ -164,8 +225,9 @@ def render(report: ScanReport) -> str:
     for f in report.findings:
         status = mark[f.ok] if f.ok or f.patchable else "warn"
         lines.append(f"  {status} {f.summary}")
+    crashing = {f.path for f in report.findings if f.id.startswith(AUTO_ENABLE_ID)}
     for g in report.gates:
-        if g.kind == "auto-enable":
+        if g.kind == "auto-enable" and g.path not in crashing:
             admits = "admits" if report.cc.major in g.majors else "does not admit"
             lines.append(f"  note auto-enable `{g.expression}` in {g.path} {admits} {report.cc.major}; not patched")
     if report.needs_patch:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from dataclasses import dataclass
 
-MARK = "# sm120kit"  # every line sm120check adds carries this, so a reader can find them
+MARK = "# sm120kit"  # every line sm120check adds or edits carries this, so a reader can find them
 
 
 @dataclass(frozen=True)
@@ -70,3 +72,26 @@ def replace(text: str, start: int, end: int, new: str) -> str:
 def ensure_line_end(text: str, offset: int, newline: str) -> str:
     """Text to insert at `offset` when it is the end of a file that may lack a final newline."""
     return newline if offset == len(text) and text and not text.endswith(("\n", "\r")) else ""
+
+
+def _unmarkable(text: str) -> set[int]:
+    """Lines that cannot take a trailing comment: they have one, end inside a string, or continue with `\\`."""
+    out: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            out.add(tok.start[0])
+        elif tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
+            out.update(range(tok.start[0], tok.end[0]))
+    out.update(i for i, line in enumerate(text.splitlines(), 1) if line.rstrip().endswith("\\"))
+    return out
+
+
+def mark_lines(text: str, linenos: list[int], note: str) -> str:
+    """Append `# sm120kit: note` to each of these lines (1-based) of the edited text, where Python allows it."""
+    lines = text.splitlines(keepends=True)
+    skip = _unmarkable(text)
+    for lineno in sorted(set(linenos) - skip):
+        line = lines[lineno - 1]
+        body = line.rstrip("\r\n")
+        lines[lineno - 1] = f"{body}  {MARK}: {note}{line[len(body) :]}"
+    return "".join(lines)
