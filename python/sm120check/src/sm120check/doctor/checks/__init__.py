@@ -9,8 +9,8 @@ import importlib
 
 from sm120check.doctor.model import Check
 
-# Families in report order. `sglang` (SGLang SM120 source scan) and `comm` (level-3 communication)
-# are owned by their own modules; keep their entries when editing this list.
+# Families in report order. `sglang` (SGLang SM120 source scan), `comm` (level-3 communication) and
+# `sglang_comm` (SGLang's own level-3 code) are owned by their own modules; keep their entries when editing this list.
 CHECK_MODULES: tuple[str, ...] = (
     "platform",
     "driver",
@@ -24,6 +24,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "sglang",
     "flashinfer_jit",
     "comm",
+    "sglang_comm",
 )
 
 
