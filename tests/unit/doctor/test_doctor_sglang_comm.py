@@ -25,7 +25,7 @@ def record() -> dict[str, Any]:
 def test_unpatched_sglang_on_a_gpu_without_multicast_skips_fusion(record: dict[str, Any]) -> None:
     result = judge_sglang_comm(record["unpatched"])
     assert result.status is Status.FAIL
-    assert "will skip allreduce fusion" in result.summary and "Skipping allreduce fusion." in result.summary
+    assert "allreduce fusion OFF" in result.summary and "Skipping allreduce fusion." in result.summary
     assert "cuMulticastGetGranularity" in result.summary
     assert result.remedy == PATCH and result.family == "sglang"
 
@@ -50,7 +50,7 @@ def test_two_ranks_with_fusion_and_symmetric_memory_pass(record: dict[str, Any])
     result = judge_sglang_comm(_two_ranks(record))
     assert result.status is Status.PASS, result.summary
     assert "allreduce fusion on" in result.summary and "symmetric memory on" in result.summary
-    assert result.data["fusion"] == "on" and result.data["symm_mem"] == "on"
+    assert result.data["allreduce_fusion"] == "on" and result.data["symmetric_memory"] == "on"
 
 
 def test_a_disabled_communicator_names_sglangs_reason(record: dict[str, Any]) -> None:
@@ -59,6 +59,7 @@ def test_a_disabled_communicator_names_sglangs_reason(record: dict[str, Any]) ->
     data["ranks"][1]["symm_mem"] = {"disabled": True, "log": [line], "checks": []}
     result = judge_sglang_comm(data)
     assert result.status is Status.FAIL and line in result.summary and result.remedy == PATCH
+    assert "allreduce fusion on" in result.summary and "symmetric memory OFF" in result.summary
 
 
 def test_fusion_that_does_not_run_or_differs_fails(record: dict[str, Any]) -> None:

@@ -51,7 +51,7 @@ class SglangComm:
         outcome = run_probe("sm120check.doctor.probes.sglang_comm", args, timeout=ctx.timeout, **_stack(ctx))
         if not outcome.ok:
             return _retag(_child_failure(self.id, "SGLang communication probe", outcome, PATCH))
-        return _retag(with_evidence(judge_sglang_comm(outcome.data, gpus), outcome.data))
+        return _retag(with_evidence(judge_sglang_comm(outcome.data), outcome.data))
 
 
 def _retag(result: Result) -> Result:
@@ -75,76 +75,101 @@ def _first(lines: Sequence[str], *needles: str) -> str:
     return next((line for line in lines if any(n in line for n in needles)), lines[0] if lines else "")
 
 
-def judge_sglang_comm(data: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]] = ()) -> Result:
-    """The probe's evidence -> one verdict: what SGLang will choose at launch, and why (pure; tested on records)."""
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One thing a server started now would turn on or off, SGLang's reason, and the fix."""
+
+    name: str  # "allreduce fusion" or "symmetric memory"
+    on: bool
+    evidence: str
+    remedy: str = ""
+
+
+def _fusion_choice(ranks: Sequence[Mapping[str, Any]], logs: Sequence[str]) -> tuple[Choice, dict[str, float]]:
+    preflight = [dict(r.get("preflight") or {}) for r in ranks]
+    if all(p.get("present") for p in preflight) and not all(p.get("ok") for p in preflight):
+        line = _first(logs, "preflight") or "the workspace preflight said no"
+        failed_query = "probe failed" in line or any(p.get("sizes_error") for p in preflight)
+        return Choice("allreduce fusion", False, f"SGLang: {line}", PATCH if failed_query else MEMORY), {}
+    if len(ranks) < 2:
+        return Choice("allreduce fusion", True, "workspace preflight passed (one GPU: no fused run)"), {}
+    fusion = [dict(r.get("fusion") or {}) for r in ranks]
+    not_run = next((f for f in fusion if not f.get("ran")), None)
+    if not_run is not None:
+        reason = str(not_run.get("reason") or _first(logs, "fusion", "FlashInfer") or "not run")
+        remedy = PATCH if "SM90 or SM10X" in reason or "preflight" in reason else "see the details"
+        return Choice("allreduce fusion", False, reason, remedy), {}
+    errors = {k: max(float(f["max_rel_err"][k]) for f in fusion) for k in dict(fusion[0].get("max_rel_err") or {})}
+    bad = {k: v for k, v in errors.items() if v > FUSION_TOLERANCE}
+    if bad:
+        worst = max(bad, key=lambda k: bad[k])
+        evidence = f"fused result differs from the reference (rel. error {bad[worst]:.3g} at {worst} tokens)"
+        return Choice("allreduce fusion", False, evidence, "report to SGLang/FlashInfer with this output"), errors
+    tokens = "/".join(sorted(errors, key=int))
+    return Choice("allreduce fusion", True, f"preflight passed, fused = reference at {tokens} tokens"), errors
+
+
+def _symm_choice(ranks: Sequence[Mapping[str, Any]], logs: Sequence[str]) -> Choice:
+    symm = [dict(r.get("symm_mem") or {}) for r in ranks]
+    if any(s.get("disabled") for s in symm):
+        line = _first([x for s in symm for x in _as_strings(s.get("log"))], "multicast", "disabl", "symm")
+        return Choice("symmetric memory", False, f"SGLang: {line or 'TorchSymmMemCommunicator disabled'}", PATCH)
+    checks = [c for s in symm for c in _as_list(s.get("checks"))]
+    wrong = [c for c in checks if c.get("ran") and not c.get("ok")]
+    if wrong:
+        evidence = f"all_reduce differs from NCCL at {wrong[0].get('elements')} elements"
+        return Choice("symmetric memory", False, evidence, "report to SGLang; serve without --enable-torch-symm-mem")
+    sizes = sorted({int(c["elements"]) for c in checks if c.get("ran")})
+    if not sizes:
+        return Choice("symmetric memory", False, "the communicator took no all_reduce at any size", PATCH)
+    return Choice(
+        "symmetric memory", True, f"all_reduce = NCCL at {len(sizes)} sizes up to {max(sizes) * 2 // 1024} KiB"
+    )
+
+
+def _as_strings(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def judge_sglang_comm(data: Mapping[str, Any]) -> Result:
+    """The probe's evidence -> one verdict: what SGLang turns on at launch, and why not (pure; tested on records)."""
     if data.get("timed_out") or not data.get("ok"):
         return _fail(f"SGLang's communication code did not finish: {data.get('problem')}", PATCH)
     ranks = _as_list(data.get("ranks"))
     if not ranks:
         return _fail("the SGLang probe returned no ranks", PATCH)
     version = str(ranks[0].get("sglang", "?"))
-    logs = [str(line) for r in ranks for part in ("preflight", "symm_mem", "fusion") for line in _lines(r, part)]
-    preflight = [dict(r.get("preflight") or {}) for r in ranks]
-    choices: dict[str, Any] = {"sglang": version, "world_size": len(ranks)}
-    if all(p.get("present") for p in preflight):
-        choices["preflight_sizes"] = preflight[0].get("sizes")
-        if not all(p.get("ok") for p in preflight):
-            line = _first(logs, "preflight")
-            probe_failed = "probe failed" in line or any(p.get("sizes_error") for p in preflight)
-            choices["fusion"] = "off"
-            return _fail(
-                f"SGLang {version} will skip allreduce fusion at launch: {line or 'workspace preflight said no'}",
-                PATCH if probe_failed else MEMORY,
-                details="\n".join(logs),
-                data=choices,
-            )
-    if len(ranks) < 2:
-        summary = f"SGLang {version}: workspace preflight passes (a server here would not skip fusion for it)"
-        return _result(Status.PASS, summary, details="one GPU: the communicator and fusion need two", data=choices)
-    symm = [dict(r.get("symm_mem") or {}) for r in ranks]
-    if any(s.get("disabled") for s in symm):
-        line = _first(logs, "multicast", "disabl", "symm")
-        choices["symm_mem"] = "off"
-        return _fail(
-            f"SGLang {version} turns symmetric memory off at launch: {line or 'TorchSymmMemCommunicator disabled'}",
-            PATCH,
-            details="\n".join(logs),
-            data=choices,
-        )
-    wrong = [c for s in symm for c in _as_list(s.get("checks")) if c.get("ran") and not c.get("ok")]
-    skipped = sorted({int(c["elements"]) for s in symm for c in _as_list(s.get("checks")) if not c.get("ran")})
-    if wrong:
-        return _fail(
-            f"SGLang's symmetric-memory all_reduce differs from NCCL at {wrong[0].get('elements')} elements",
-            "report to SGLang with this output; serve without --enable-torch-symm-mem",
-            data=choices,
-        )
-    fusion = [dict(r.get("fusion") or {}) for r in ranks]
-    not_run = next((f for f in fusion if not f.get("ran")), None)
-    if not_run is not None:
-        choices["fusion"] = "off"
-        reason = str(not_run.get("reason") or _first(logs, "fusion", "FlashInfer") or "not run")
-        remedy = PATCH if "SM90 or SM10X" in reason or "preflight" in reason else "see the details"
-        return _fail(f"SGLang {version} fusion did not run: {reason}", remedy, details="\n".join(logs), data=choices)
-    errors = {k: max(float(f["max_rel_err"][k]) for f in fusion) for k in dict(fusion[0].get("max_rel_err") or {})}
-    bad = {k: v for k, v in errors.items() if v > FUSION_TOLERANCE}
-    choices.update(fusion="on", symm_mem="on", fusion_max_rel_err=errors, symm_mem_not_taken=skipped)
-    if bad:
-        worst = max(bad, key=lambda k: bad[k])
-        return _fail(
-            f"SGLang's fused allreduce + RMSNorm differs from the reference (rel. error {bad[worst]:.3g} at "
-            f"{worst} tokens)",
-            "report to SGLang/FlashInfer with this output; serve unfused",
-            data=choices,
-        )
-    sizes = sorted({int(c["elements"]) for s in symm for c in _as_list(s.get("checks")) if c.get("ran")})
-    summary = (
-        f"SGLang {version} at launch: allreduce fusion on (preflight passed; fused = reference at "
-        f"{'/'.join(sorted(errors, key=int))} tokens), symmetric memory on (all_reduce = NCCL at "
-        f"{len(sizes)} sizes up to {max(sizes) * 2 // 1024 if sizes else 0} KiB)"
+    logs = [line for r in ranks for part in ("preflight", "symm_mem", "fusion") for line in _lines(r, part)]
+    fusion, errors = _fusion_choice(ranks, logs)
+    choices = [fusion] + ([_symm_choice(ranks, logs)] if len(ranks) >= 2 else [])
+    skipped = sorted(
+        {
+            int(c["elements"])
+            for r in ranks
+            for c in _as_list(dict(r.get("symm_mem") or {}).get("checks"))
+            if not c.get("ran")
+        }
     )
-    details = f"sizes SGLang's communicator left to NCCL: {skipped}" if skipped else ""
-    return _result(Status.PASS, summary, details=details, data=choices)
+    pre = dict(ranks[0].get("preflight") or {})
+    data_out: dict[str, Any] = {
+        "sglang": version,
+        "world_size": len(ranks),
+        **{c.name.replace(" ", "_"): "on" if c.on else "off" for c in choices},
+        "preflight_sizes": pre.get("sizes"),
+        "fusion_max_rel_err": errors,
+        "symm_mem_not_taken": skipped,
+    }
+    summary = f"SGLang {version} at launch: " + "; ".join(
+        f"{c.name} {'on' if c.on else 'OFF'} ({c.evidence})" for c in choices
+    )
+    details = "\n".join([*logs, f"sizes the communicator left to NCCL: {skipped}" if skipped else ""]).strip()
+    off = [c for c in choices if not c.on]
+    if off:
+        remedy = "; ".join(dict.fromkeys(c.remedy for c in off if c.remedy))
+        return _fail(summary, remedy, details=details, data=data_out)
+    if len(ranks) < 2:
+        details = "one GPU: SGLang's communicator and fused allreduce need two (tensor parallelism)"
+    return _result(Status.PASS, summary, details=details, data=data_out)
 
 
 def _lines(rank: Mapping[str, Any], part: str) -> list[str]:
