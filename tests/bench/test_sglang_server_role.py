@@ -10,6 +10,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -143,3 +146,91 @@ def test_second_run_changes_nothing_and_check_mode_writes_nothing(tmp_path: Path
     assert run_role(tmp_path, "sglang_server_configure").returncode == 0
     again = run_role(tmp_path, "sglang_server_configure")
     assert again.returncode == 0 and "changed=0" in again.stdout
+
+
+# /server_info of a healthy 0.5.23 EAGLE-3 launch (real ServerArgs field names of 0.5.23: arg_groups/fields/*.py).
+SERVER_INFO = {
+    "version": "0.5.23",
+    "speculative_algorithm": "EAGLE3",
+    "speculative_adaptive": False,
+    "enable_torch_symm_mem": True,
+    "flashinfer_allreduce_fusion_backend": "auto",
+    "enforce_disable_flashinfer_allreduce_fusion": False,
+    "disable_cuda_graph": False,
+    "cuda_graph_config": {"decode": {"backend": "full"}, "prefill": {"backend": "disabled"}},
+    "internal_states": [{"memory_usage": {"graph": {"target_verify": 1.2}}}],
+}
+# Lines of SGLang 0.5.23 (srt/entrypoints/engine.py, layers/flashinfer_comm_fusion.py,
+# model_executor/model_runner_components/cuda_graph_setup.py, entrypoints/http_server.py), sample values filled in.
+GOOD_LOG = [
+    "[2026-12-01 10:00:00] server_args={'model_path': '/models/Kimi-K2.5-NVFP4', 'tp_size': 8}",
+    "[2026-12-01 10:01:10 TP0] FlashInfer AllReduce Fusion enabled and workspace initialized: backend=trtllm, rank=0, "
+    "world_size=8, max_token_num=2048, hidden_dim=7168",
+    "[2026-12-01 10:01:40 TP0] Capture target verify CUDA graph end. bs=[1, 2, 4, 8], elapsed=30.12 s, "
+    "mem usage=1.20 GB, avail mem=20.31 GB.",
+    "[2026-12-01 10:02:00] The server is fired up and ready to roll!",
+]
+PREFLIGHT_SKIP = (
+    "[2026-12-01 10:01:05 TP0] FlashInfer workspace preflight probe failed (cuMulticastGetGranularity failed for "
+    "FlashInfer workspace preflight: CUresult.CUDA_ERROR_NOT_SUPPORTED). Skipping allreduce fusion."
+)
+
+
+class _SGLang(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        body = b"" if path == "/health" else json.dumps(SERVER_INFO).encode()
+        self.send_response(200 if path in ("/health", "/server_info", "/get_server_info") else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def sglang_url() -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1 answering /health and /server_info like a live SGLang 0.5.23."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SGLang)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def run_verified(tmp: Path, url: str, log: list[str], check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Configure, wait and verify against `url`, with `log` as the server's log; sm120check from this venv."""
+    doctor_report(tmp / "doctor.json", "pass", "pass")
+    (tmp / "sglang.log").write_text("\n".join(log) + "\n")
+    return run_role(
+        tmp,
+        "sglang_server_configure",
+        "sglang_server_start",
+        "sglang_server_verify",
+        check=check,
+        sglang_server_python=str(Path(sys.executable).parent / "python"),
+        sglang_server_wait=True,
+        sglang_server_health_url=f"{url}/health",
+        sglang_server_verify_url=url,
+        sglang_server_verify_log=str(tmp / "sglang.log"),
+    )
+
+
+def test_verify_passes_when_the_server_runs_what_the_launch_asked_for(tmp_path: Path, sglang_url: str) -> None:
+    result = run_verified(tmp_path, sglang_url, GOOD_LOG)
+    assert result.returncode == 0, result.stdout[-3000:]
+    for line in ("ok cuda-graph", "ok speculative", "ok fusion", "ok symm-mem"):
+        assert line in result.stdout
+
+
+def test_verify_fails_the_play_naming_the_preflight_skip_and_its_fix(tmp_path: Path, sglang_url: str) -> None:
+    log = [GOOD_LOG[0], PREFLIGHT_SKIP, *GOOD_LOG[2:]]
+    result = run_verified(tmp_path, sglang_url, log)
+    assert result.returncode != 0
+    failure = result.stdout[result.stdout.index("Fail when the server runs degraded") :]
+    assert "does not run what its launch asked for" in failure
+    assert "degraded fusion" in failure and "FlashInfer workspace preflight probe failed" in failure
+    assert "Fix: the preflight asks for multicast granularity" in failure and "sm120check sglang patch" in failure
+    check = run_verified(tmp_path, sglang_url, log, check=True)  # check mode never runs the verification
+    assert check.returncode == 0, check.stdout[-3000:]

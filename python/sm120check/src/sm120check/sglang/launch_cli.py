@@ -1,0 +1,379 @@
+"""`sm120check sglang verify-launch`: prove that a started SGLang server runs what its launch asked for.
+
+Reads the server's log (a file, or the journal of its systemd unit) and its /server_info, and gives each expectation
+(fusion, symm-mem, speculative, adaptive, cuda-graph) a verdict: ok, degraded or unknown, with the evidence (the log
+line or the server_args field) and the fix. Exit 0 when nothing is degraded, 1 when something is, 2 when an input
+cannot be read (bad URL, unreadable log, server unreachable within the bound, a server_info that is not one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from sm120check.sglang import launch
+from sm120check.sglang.launch import LaunchError
+
+EXIT_OK, EXIT_DEGRADED, EXIT_ERROR = 0, 1, 2
+MAX_LAUNCH_COMMAND_BYTES = 1 << 20
+JOURNAL_TIMEOUT_S = 30.0
+_UNIT = re.compile(r"[A-Za-z0-9:_.@\\-]{1,256}")
+_READ = 1 << 16
+
+
+class VerifyError(Exception):
+    """An input that could not be read; the message names the value and what to do."""
+
+
+def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = actions.add_parser(
+        "verify-launch",
+        help="check that the running server runs what its launch asked for (fusion, symm mem, speculation, graphs)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--log", metavar="FILE", type=Path, help="the server's log file (its last --max-log-mib read)")
+    source.add_argument(
+        "--journal-unit",
+        metavar="NAME",
+        help="read the log from `journalctl -u NAME -b` (the sglang_server role runs SGLang as this systemd unit)",
+    )
+    p.add_argument("--url", metavar="URL", help="the server, e.g. http://127.0.0.1:30000 (reads /server_info)")
+    asked = p.add_mutually_exclusive_group()
+    asked.add_argument(
+        "--launch-command",
+        metavar="FILE",
+        type=Path,
+        help="the launch command the server was started with (the role's launch-command.txt); sets the expectations",
+    )
+    asked.add_argument(
+        "--expect",
+        metavar="LIST",
+        help=f"comma-separated expectations instead: {','.join(e.value for e in launch.Expectation)}",
+    )
+    p.add_argument("--sglang-version", metavar="VER", help="the SGLang release (default: server_info's version)")
+    p.add_argument("--timeout", metavar="S", type=float, default=10.0, help="seconds per HTTP attempt (default 10)")
+    p.add_argument("--retries", metavar="N", type=int, default=3, help="HTTP attempts in all (default 3)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("SGLANG_API_KEY"),
+        help="bearer token when the server runs with --api-key ($SGLANG_API_KEY); never printed",
+    )
+    p.add_argument("--max-log-mib", metavar="N", type=float, default=16.0, help="read at most the last N MiB of log")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a verdict is unknown, too")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=run)
+
+
+# --- URL -----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    scheme: str
+    host: str
+    port: int
+    prefix: str
+    auth: str | None  # "user:password" from the URL, sent as Basic auth, never shown
+
+    @property
+    def shown(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}{self.prefix}"
+
+
+def redact_url(url: str) -> str:
+    """The URL with any user:password@ and query removed: what output may show."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc.rpartition("@")[2]
+    except ValueError:
+        return "<unparsable URL>"
+    return launch.printable(
+        f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else netloc or url.rpartition("@")[2]
+    )
+
+
+def parse_url(url: str) -> Endpoint:
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise VerifyError(f"--url {shown!r} is not a URL ({exc}); give one like http://127.0.0.1:30000") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise VerifyError(f"--url {shown!r} is not an http(s) URL; give one like http://127.0.0.1:30000")
+    auth = None
+    if parts.username is not None:
+        auth = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+    default = 443 if parts.scheme == "https" else 80
+    return Endpoint(parts.scheme, parts.hostname, port or default, parts.path.rstrip("/"), auth)
+
+
+def _get(endpoint: Endpoint, path: str, timeout: float, api_key: str | None) -> tuple[int, bytes]:
+    cls = http.client.HTTPSConnection if endpoint.scheme == "https" else http.client.HTTPConnection
+    conn = cls(endpoint.host, endpoint.port, timeout=timeout)
+    headers = {"Accept": "application/json", "Connection": "close"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    elif endpoint.auth:
+        headers["Authorization"] = "Basic " + base64.b64encode(endpoint.auth.encode()).decode()
+    deadline = time.monotonic() + timeout
+    try:
+        conn.request("GET", endpoint.prefix + path, headers=headers)
+        response = conn.getresponse()
+        body = bytearray()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the body did not arrive in time")
+            if conn.sock is not None:
+                conn.sock.settimeout(remaining)
+            chunk = response.read(_READ)
+            if not chunk:
+                break
+            body += chunk
+            if len(body) > launch.MAX_SERVER_INFO_BYTES:
+                raise LaunchError(
+                    f"server_info from {endpoint.shown}{path} is larger than {launch.MAX_SERVER_INFO_BYTES} bytes; "
+                    "refusing to read more"
+                )
+        return response.status, bytes(body)
+    finally:
+        conn.close()
+
+
+def _attempt(endpoint: Endpoint, path: str, timeout: float, api_key: str | None) -> tuple[int, bytes]:
+    """One GET, bounded in wall time even against a server that trickles bytes (the worker thread is abandoned)."""
+    result: list[tuple[int, bytes]] = []
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            result.append(_get(endpoint, path, timeout, api_key))
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=work, name="verify-launch-http", daemon=True)
+    worker.start()
+    worker.join(timeout + 1.0)
+    if failure:
+        raise failure[0]
+    if not result:
+        raise TimeoutError("no complete answer in time")
+    return result[0]
+
+
+def fetch_server_info(endpoint: Endpoint, timeout: float, retries: int, api_key: str | None) -> bytes:
+    """GET /server_info (then /get_server_info, the older name); retries connection failures and 5xx."""
+    attempts = max(1, retries)
+    last = ""
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(min(1.0, timeout))
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                status, body = _attempt(endpoint, path, timeout, api_key)
+            except LaunchError as exc:
+                raise VerifyError(str(exc)) from None
+            except (OSError, http.client.HTTPException) as exc:
+                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                break
+            if status == 200:
+                return body
+            if status == 404:
+                last = f"HTTP 404 on {path}"
+                continue
+            if status in (401, 403):
+                raise VerifyError(
+                    f"{endpoint.shown}{path} answered HTTP {status}: the server wants its API key (--api-key or "
+                    "$SGLANG_API_KEY)"
+                )
+            last = f"HTTP {status} on {path}"
+            if status < 500:
+                raise VerifyError(f"{endpoint.shown}{path} answered {last}; is this an SGLang server?")
+            break
+    raise VerifyError(
+        f"no server_info from {endpoint.shown} within {timeout:g} s x {attempts} attempt(s) "
+        f"({launch.printable(last)}); is the server up at that address?"
+    )
+
+
+# --- the log -------------------------------------------------------------------------------------------------------
+
+
+def _decode(data: bytes, truncated: bool) -> list[str]:
+    if truncated:
+        cut = data.find(b"\n")
+        data = data[cut + 1 :] if cut >= 0 else b""
+    return data.decode("utf-8", "replace").splitlines()
+
+
+def check_log_file(path: Path) -> os.stat_result:
+    """The log's stat, or the reason it cannot be read (a FIFO or device would block or never end)."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise VerifyError(f"--log {path}: cannot read it ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise VerifyError(f"--log {path}: not a regular file")
+    return info
+
+
+def read_log_file(path: Path, cap: int) -> tuple[list[str], bool]:
+    info = check_log_file(path)
+    try:
+        with path.open("rb") as handle:
+            truncated = info.st_size > cap
+            if truncated:
+                handle.seek(info.st_size - cap)
+            data = handle.read(cap)
+    except OSError as exc:
+        raise VerifyError(f"--log {path}: cannot read it ({exc.strerror or exc})") from None
+    return _decode(data, truncated), truncated
+
+
+def read_journal(unit: str, cap: int, timeout: float | None = None) -> tuple[list[str], bool]:
+    """The last `cap` bytes of `journalctl -u UNIT -b` (this boot, every run of the unit), bounded in time."""
+    limit = JOURNAL_TIMEOUT_S if timeout is None else timeout
+    if not _UNIT.fullmatch(unit) or unit.startswith("-"):
+        raise VerifyError(f"--journal-unit {launch.printable(unit)!r} is not a systemd unit name")
+    journalctl = shutil.which("journalctl")
+    if journalctl is None:
+        raise VerifyError("journalctl is not on PATH: pass the server's log file with --log FILE")
+    argv = [journalctl, "-u", unit, "-b", "--no-pager", "-q", "-o", "cat"]
+    with tempfile.TemporaryFile() as errors:
+        try:
+            proc = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        except OSError as exc:
+            raise VerifyError(f"cannot run journalctl: {exc}") from None
+        timer = threading.Timer(limit, _kill_group, (proc,))
+        timer.start()
+        kept: deque[bytes] = deque()
+        size = 0
+        truncated = False
+        try:
+            assert proc.stdout is not None
+            while chunk := proc.stdout.read(_READ):
+                kept.append(chunk)
+                size += len(chunk)
+                while size - len(kept[0]) >= cap:
+                    size -= len(kept.popleft())
+                    truncated = True
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        errors.seek(0)
+        message = errors.read(4096).decode("utf-8", "replace").strip()
+    if code < 0:
+        raise VerifyError(f"journalctl -u {unit} did not finish within {limit:g} s")
+    if code != 0:
+        first = message.splitlines()[0] if message else "no message"
+        raise VerifyError(f"journalctl -u {unit} failed (exit {code}): {launch.printable(first)}")
+    data = b"".join(kept)
+    if len(data) > cap:
+        data, truncated = data[-cap:], True
+    return _decode(data, truncated), truncated
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+# --- the command ---------------------------------------------------------------------------------------------------
+
+
+def _read_launch_command(path: Path) -> str:
+    try:
+        if not path.is_file():
+            raise VerifyError(f"--launch-command {path}: no such file")
+        with path.open("rb") as handle:
+            data = handle.read(MAX_LAUNCH_COMMAND_BYTES + 1)
+    except OSError as exc:
+        raise VerifyError(f"--launch-command {path}: cannot read it ({exc.strerror or exc})") from None
+    if len(data) > MAX_LAUNCH_COMMAND_BYTES:
+        raise VerifyError(f"--launch-command {path}: larger than {MAX_LAUNCH_COMMAND_BYTES} bytes, not a command line")
+    return data.decode("utf-8", "replace")
+
+
+def _request(args: argparse.Namespace, info: launch.ServerInfo | None) -> launch.LaunchRequest:
+    if args.expect is not None:
+        return launch.LaunchRequest(launch.parse_expect(args.expect), "--expect")
+    if args.launch_command is not None:
+        origin = f"--launch-command {args.launch_command}"
+        return launch.request_from_command(_read_launch_command(args.launch_command), origin)
+    if info is not None and info.launch_command:
+        return launch.request_from_argv(["sglang", *info.launch_command.split()], "server_info launch_command")
+    raise VerifyError(
+        "say what the launch asked for: --launch-command FILE (the sglang_server role writes launch-command.txt) "
+        "or --expect LIST"
+    )
+
+
+def verify(args: argparse.Namespace) -> launch.LaunchReport:
+    if args.log is None and args.journal_unit is None and args.url is None:
+        raise VerifyError("nothing to verify against: give --log FILE or --journal-unit NAME, and/or --url URL")
+    if args.timeout <= 0 or args.retries < 1 or args.max_log_mib <= 0:
+        raise VerifyError("--timeout and --max-log-mib must be > 0 and --retries >= 1")
+    if args.expect is not None:
+        launch.parse_expect(args.expect)  # a usage error before any I/O
+    endpoint = parse_url(args.url) if args.url else None
+    if args.log is not None:
+        check_log_file(args.log)  # name a missing or odd log before waiting on the server
+    info = None
+    if endpoint is not None:  # first: a server that answers has written every startup line before the log is read
+        info = launch.parse_server_info(fetch_server_info(endpoint, args.timeout, args.retries, args.api_key))
+    cap = int(args.max_log_mib * (1 << 20))
+    scan = None
+    if args.log is not None:
+        lines, truncated = read_log_file(args.log, cap)
+        scan = launch.scan_log(lines, f"--log {args.log}", truncated)
+    elif args.journal_unit is not None:
+        lines, truncated = read_journal(args.journal_unit, cap)
+        scan = launch.scan_log(lines, f"journal of unit {args.journal_unit}", truncated)
+    request = _request(args, info)
+    if args.sglang_version:
+        version, origin = args.sglang_version, "--sglang-version"
+    elif info is not None and info.version:
+        version, origin = info.version, "server_info"
+    else:
+        version, origin = None, ""
+    return launch.judge(request, info, scan, version, origin, endpoint.shown if endpoint else None)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = verify(args)
+    except (VerifyError, LaunchError) as exc:
+        message = launch.printable(str(exc))
+        if args.json:
+            print(
+                json.dumps({"schema": launch.SCHEMA, "error": message, "lines": [], "problems": [message], "notes": []})
+            )
+        print(f"sm120check sglang verify-launch: {message}", file=sys.stderr)
+        return EXIT_ERROR
+    print(json.dumps(launch.to_dict(report), indent=2) if args.json else launch.render(report))
+    return EXIT_DEGRADED if launch.exit_code(report, args.strict) else EXIT_OK
