@@ -1,4 +1,4 @@
-"""`sm120check sglang scan|patch`: find what keeps SGLang off SM120, and close those gaps in its source."""
+"""`sm120check sglang scan|patch|verify-launch`: find what keeps SGLang off SM120, close it, prove the launch."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from sm120check.sglang import patch, report
+from sm120check.sglang import launch_cli, patch, report
 from sm120check.sglang.errors import SglangError
+from sm120check.sglang.state import describe
 from sm120check.sglang.tree import SourceTree, find_installed, flashinfer_version, local_cc, parse_cc, resolve_source
 
 EXIT_OK, EXIT_NEEDED, EXIT_ERROR = 0, 1, 2
@@ -36,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     fix.add_argument("--diff", action="store_true", help="print the unified diff of the change")
     fix.add_argument("--revert", action="store_true", help="restore the original files recorded in the ledger")
     fix.set_defaults(handler=run_patch)
+    launch_cli.register(actions)  # verify-launch
 
 
 def _target(args: argparse.Namespace) -> SourceTree | None:
@@ -87,9 +89,13 @@ def run_patch(args: argparse.Namespace) -> int:
         tree = _target(args)
         if tree is None:
             return _not_installed(args)
-        return _revert(tree.root, args) if args.revert else _patch(tree, args)
+        return _revert(tree, args) if args.revert else _patch(tree, args)
     except SglangError as exc:
         return _error(args, exc)
+    except BrokenPipeError:  # stdout closed by the reader: not a problem with the tree
+        raise
+    except OSError as exc:  # every OS error names its path and exits 2, never "patch needed"
+        return _error(args, SglangError(describe(exc)))
 
 
 def _emit(args: argparse.Namespace, root: Path, result: dict[str, object], changes: list[patch.FileChange]) -> None:
@@ -120,8 +126,10 @@ def _emit(args: argparse.Namespace, root: Path, result: dict[str, object], chang
 
 
 def _patch(tree: SourceTree, args: argparse.Namespace) -> int:
+    recovery = patch.recover(tree, check=args.check)  # an interrupted, stale or unrecorded state comes first
     found = _scan(tree, args)
     changes = patch.plan(tree, found)
+    needed = bool(changes) or recovery.pending
     result: dict[str, object] = {
         "installed": True,
         "action": "patch",
@@ -130,9 +138,11 @@ def _patch(tree: SourceTree, args: argparse.Namespace) -> int:
         "cc": str(found.cc),
         "flashinfer": found.flashinfer,
         "check": args.check,
-        "needed": bool(changes),
-        "changed": bool(changes) and not args.check,
+        "needed": needed,
+        "changed": needed and not args.check,
         "ledger": str(tree.root / patch.STATE_DIR / patch.LEDGER),
+        "recovered": list(recovery.restored),
+        "rebaselined": list(recovery.rebaselined),
         "left_as_is": [f.summary for f in found.blocked],
         "message": "nothing to patch: the scan is clean" if not changes else "",
     }
@@ -142,25 +152,37 @@ def _patch(tree: SourceTree, args: argparse.Namespace) -> int:
         fresh = SourceTree(tree.root, {rel: mod for rel, mod in tree._cache.items() if rel not in changed})
         after = report.run(fresh, found.cc, found.flashinfer, found.flashinfer_origin)
         result["remaining"] = [f.summary for f in after.findings if not f.ok and f.patchable]
+    if not args.json:
+        for note in recovery.notes(check=args.check):
+            print(note)
     _emit(args, tree.root, result, changes)
     if args.check:
-        return EXIT_NEEDED if changes else EXIT_OK
+        return EXIT_NEEDED if needed else EXIT_OK
     return EXIT_ERROR if result.get("remaining") else EXIT_OK
 
 
-def _revert(root: Path, args: argparse.Namespace) -> int:
-    has_ledger = patch.load_ledger(root) is not None
-    changes = patch.plan_revert(root)
+def _revert(tree: SourceTree, args: argparse.Namespace) -> int:
+    plan = patch.plan_revert(tree)  # refuses (exit 2) unless every file is accounted for
+    message = ""
+    if not plan.needed:
+        message = "nothing to revert: no sm120check ledger here"
+    elif not plan.changes:
+        verb = "would remove" if args.check else "removed"
+        message = f"every file already holds its original; {verb} {tree.root / patch.STATE_DIR}"
     result: dict[str, object] = {
         "installed": True,
         "action": "revert",
-        "source": str(root),
+        "source": str(tree.root),
         "check": args.check,
-        "needed": has_ledger,
-        "changed": has_ledger and not args.check,
-        "message": "nothing to revert: no sm120check ledger here" if not has_ledger else "",
+        "needed": plan.needed,
+        "changed": plan.needed and not args.check,
+        "skipped": list(plan.skipped),
+        "message": message,
     }
-    if has_ledger and not args.check:
-        patch.revert(root, changes)
-    _emit(args, root, result, changes)
-    return EXIT_NEEDED if args.check and has_ledger else EXIT_OK
+    if plan.needed and not args.check:
+        patch.revert(plan)
+    if not args.json:
+        for rel in plan.skipped:
+            print(f"{rel}: already the original, left as is")
+    _emit(args, tree.root, result, plan.changes)
+    return EXIT_NEEDED if args.check and plan.needed else EXIT_OK

@@ -1,8 +1,22 @@
-"""Plan, apply and revert the SM120 patches: backups, atomic writes, compiled results and a ledger.
+"""Plan, apply and revert the SM120 patches: backups, atomic writes, compiled results, a journal and recovery.
 
-State lives beside the code it changed, in `<sglang>/.sm120kit/`: `ledger.json` (files, checksums before
-and after, sm120check version, what changed) and `backup/<path>` (the original bytes). `--revert` puts the
-originals back byte for byte and removes that directory.
+State lives beside the code it changed, in `<sglang>/.sm120kit/` (model and survey in `state`):
+
+- `ledger.json`: `{"format": 2, "state": "in-progress" | "complete", "tool", "sm120check_version",
+  "sglang_version", "source", "cc", "flashinfer", "updated", "files": {"srt/x.py": {"sha256_before",
+  "sha256_after", "changes": [...]}}}`. It is a journal: written with state "in-progress", naming every file about
+  to change, before the first write to the tree, and "complete" after the last; each write is atomic (temporary
+  file, fsync, os.replace, fsync of the directory). While in progress, `sha256_previous` is the earlier patched
+  content of a file patched again. Format 1 (no "state") was written only when complete and reads as such.
+- `backup/<path>`: the original bytes of each file (`sha256_before`), written before the file itself.
+
+Every file the ledger names or `backup/` holds is judged by three witnesses: the ledger's checksums, the backup's,
+and the dist-info RECORD of the installed release (a checkout has none). A file that holds its original, or the
+release's own bytes (after `pip install -U`, which keeps `.sm120kit/`), needs nothing: its entry and backup are
+stale and dropped. A file that holds sm120check's bytes gets its verified backup back on `--revert`. A backup no
+ledger lists is restored when RECORD proves it the original. Anything else (a hand edit, a missing file or backup,
+a backup RECORD cannot verify) is refused with exit 2, naming the path and the fix. A killed patch leaves an
+in-progress journal: the next patch rolls it back first, `--revert` finishes it. `--revert` removes `.sm120kit/`.
 """
 
 from __future__ import annotations
@@ -10,24 +24,21 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
-import json
-import os
 import py_compile
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sm120check import __version__
-from sm120check.sglang import eagle, fusion, preflight, symm_mem
+from sm120check.sglang import eagle, fusion, preflight, state, symm_mem
 from sm120check.sglang.errors import SglangError
 from sm120check.sglang.report import AUTO_ENABLE_ID, PREFLIGHT_ID, ScanReport
+from sm120check.sglang.state import Verdict
 from sm120check.sglang.tree import SourceTree
 
-STATE_DIR = ".sm120kit"
-LEDGER = "ledger.json"
+STATE_DIR, LEDGER = state.STATE_DIR, state.LEDGER
 BOM = "\ufeff"
 
 
@@ -52,8 +63,8 @@ def _admit(text: str, *, rel: str) -> str:
     return fusion.admit_sm120(text, rel)
 
 
-def _delegate(text: str, *, rel: str, cls: str, methods: tuple[str, ...]) -> str:
-    return eagle.add_delegation(text, rel, cls, methods)
+def _delegate(text: str, *, rel: str, target: eagle.Delegation) -> str:
+    return eagle.add_delegation(text, rel, target.cls, target.methods, target.attr, target.inner)
 
 
 def plan(tree: SourceTree, report: ScanReport) -> list[FileChange]:
@@ -110,11 +121,14 @@ def plan(tree: SourceTree, report: ScanReport) -> list[FileChange]:
         functions = sorted(g.function for g in report.gates if g.path == rel and g.kind != "auto-enable")
         edit(rel, functools.partial(_admit, rel=rel), f"fusion gate admits SM120 in {', '.join(functions)}")
     if any(f.startswith("eagle3:") for f in failing):
-        for (rel, cls), methods in eagle.delegation_targets(tree, report.eagle).items():
+        # Only the scan's targets: each one a class whose inner model has every method added there. Unsupported
+        # and run-time-chosen inner models (eagle3-unsupported:, eagle3-runtime:) are never patched.
+        for target in report.eagle.targets:
             edit(
-                rel,
-                functools.partial(_delegate, rel=rel, cls=cls, methods=methods),
-                f"{cls}: EAGLE-3 delegation {', '.join(methods)} to self.language_model",
+                target.path,
+                functools.partial(_delegate, rel=target.path, target=target),
+                f"{target.cls}: EAGLE-3 delegation {', '.join(target.methods)} to self.{target.attr} "
+                f"({', '.join(target.inner)})",
             )
     out = []
     for rel, text in texts.items():
@@ -143,110 +157,188 @@ def unified_diff(root: Path, changes: list[FileChange]) -> str:
     return "".join(c if c.endswith("\n") else c + "\n\\ No newline at end of file\n" for c in chunks)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".sm120kit-tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        Path(tmp).chmod(mode)
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _py_compile(path: Path, scratch: str) -> None:
     py_compile.compile(str(path), cfile=str(Path(scratch) / "check.pyc"), doraise=True)
 
 
-def load_ledger(root: Path) -> dict[str, object] | None:
-    path = root / STATE_DIR / LEDGER
-    if not path.exists():
-        return None
+def _original(found: state.Survey, f: state.FileState) -> bytes:
+    """The backup's bytes, checked against the survey that vouched for them."""
+    backup = found.backup(f.rel)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SglangError(
-            f"{path}: unreadable ledger ({exc}); restore from {root / STATE_DIR / 'backup'} by hand"
-        ) from exc
-    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
-        raise SglangError(f"{path}: not an sm120check ledger; restore from {root / STATE_DIR / 'backup'} by hand")
+        data = backup.read_bytes()
+    except OSError as exc:
+        raise SglangError(state.describe(exc)) from exc
+    if sha256(data) != f.backup_sha:
+        raise SglangError(f"{backup} changed while sm120check read it; run the command again")
     return data
 
 
-def apply(tree: SourceTree, report: ScanReport, changes: list[FileChange]) -> dict[str, object]:
-    """Write the changes: originals backed up first, each file replaced atomically and compiled, then the ledger."""
-    root = tree.root
-    state = root / STATE_DIR
-    ledger = load_ledger(root) or {"files": {}}
-    files: dict[str, dict[str, object]] = ledger["files"]  # type: ignore[assignment]
+def _put(path: Path, data: bytes) -> None:
+    state.atomic_write(path, data)
+    if state.digest(path) != sha256(data):
+        raise SglangError(f"{path}: restored bytes do not match the original")
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What `recover` found (and, unless checking, did) before a patch."""
+
+    restored: tuple[str, ...] = ()  # originals put back: an interrupted patch, or backups no ledger lists
+    rebaselined: tuple[str, ...] = ()  # entries and backups dropped: the file is its original or the release's own
+    pending: bool = False  # the state needed tidying
+
+    def notes(self, *, check: bool) -> list[str]:
+        verb = ("would restore", "would drop") if check else ("restored", "dropped")
+        return [f"{verb[0]} the original of {rel} (interrupted or unrecorded patch)" for rel in self.restored] + [
+            f"{verb[1]} the stale ledger entry and backup of {rel}: it holds its original or the installed release's"
+            for rel in self.rebaselined
+        ]
+
+
+def recover(tree: SourceTree, *, check: bool = False) -> Recovery:
+    """Bring `.sm120kit/` to a complete ledger of this release, or none, before a patch; refuse where ambiguous.
+
+    An interrupted patch is rolled back from its journal; backups no ledger lists are restored where RECORD proves
+    them originals; entries of files that hold their original, or the installed release's own bytes (an upgrade),
+    are dropped with their backups. With `check`, nothing is written."""
+    found = state.survey(tree.root, tree.version)
+    found.raise_problems()
+    if not found.present:
+        return Recovery()
+    patched = found.having(Verdict.PATCHED)
+    restore = found.having(Verdict.STRAY) + (patched if found.interrupted else [])
+    keep = {} if found.interrupted else {f.rel: f.entry for f in patched if f.entry is not None}
+    # stale entries and backups; in a rolled-back journal these are files it had not reached, not worth a note
+    dropped = () if found.interrupted else tuple(f.rel for f in found.having(Verdict.ORIGINAL, Verdict.PRISTINE))
+    ledger = found.ledger
+    stale = bool(found.having(Verdict.ORIGINAL, Verdict.PRISTINE))
+    pending = ledger is None or found.interrupted or ledger.sglang_version != tree.version or bool(restore) or stale
+    result = Recovery(tuple(f.rel for f in restore), dropped, pending)
+    if not pending or check:
+        return result
+    for f in restore:
+        _put(tree.root / f.rel, _original(found, f))
+    state.clear(found, replace(ledger, files=keep, sglang_version=tree.version) if ledger and keep else None)
+    return result
+
+
+def _journal(
+    tree: SourceTree, report: ScanReport, prior: state.Ledger | None, changes: list[FileChange]
+) -> state.Ledger:
+    files = dict(prior.files) if prior else {}
     for ch in changes:
-        if sha256((root / ch.path).read_bytes()) != sha256(ch.before):
-            raise SglangError(f"{root / ch.path} changed while planning; run the patch again")
-    written: list[FileChange] = []
-    with tempfile.TemporaryDirectory(prefix="sm120check-") as scratch:
-        try:
-            for ch in changes:
-                if ch.path not in files:
-                    backup = state / "backup" / ch.path
-                    backup.parent.mkdir(parents=True, exist_ok=True)
-                    _atomic_write(backup, ch.before)
-                _atomic_write(root / ch.path, ch.after)
-                written.append(ch)
-                _py_compile(root / ch.path, scratch)
-        except BaseException:
-            for ch in reversed(written):
-                _atomic_write(root / ch.path, ch.before)
-            if not files:
-                shutil.rmtree(state, ignore_errors=True)
-            raise
-    for ch in changes:
-        entry = files.setdefault(ch.path, {"sha256_before": sha256(ch.before), "changes": []})
-        entry["sha256_after"] = sha256(ch.after)
-        entry["changes"] = [*entry["changes"], *ch.changes]  # type: ignore[misc]
-    ledger.update(
-        {
-            "tool": "sm120check",
-            "sm120check_version": __version__,
-            "sglang_version": tree.version,
-            "source": str(root),
-            "cc": str(report.cc),
-            "flashinfer": report.flashinfer,
-            "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
+        old = files.get(ch.path)
+        files[ch.path] = state.Entry(
+            old.sha256_before if old else sha256(ch.before),
+            sha256(ch.after),
+            tuple(dict.fromkeys([*(old.changes if old else ()), *ch.changes])),
+            old.sha256_after if old else None,
+        )
+    return state.Ledger(
+        state.IN_PROGRESS,
+        tree.version,
+        files,
+        __version__,
+        str(tree.root),
+        str(report.cc),
+        report.flashinfer,
+        time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
-    state.mkdir(exist_ok=True)
-    _atomic_write(state / LEDGER, (json.dumps(ledger, indent=2, sort_keys=True) + "\n").encode("utf-8"))
-    return ledger
 
 
-def plan_revert(root: Path) -> list[FileChange]:
-    """Changes that put the originals back, after checking nothing else touched the patched files."""
-    ledger = load_ledger(root)
-    if ledger is None:
-        return []
-    out = []
-    files: dict[str, dict[str, object]] = ledger["files"]  # type: ignore[assignment]
-    for rel, entry in sorted(files.items()):
-        current = (root / rel).read_bytes()
-        original = (root / STATE_DIR / "backup" / rel).read_bytes()
-        if sha256(current) != entry.get("sha256_after"):
-            raise SglangError(
-                f"{root / rel} changed after sm120check patched it (sha256 differs from the ledger); "
-                f"not reverting. Reinstall SGLang, or copy {root / STATE_DIR / 'backup' / rel} back by hand"
-            )
-        if sha256(original) != entry.get("sha256_before"):
-            raise SglangError(f"backup of {rel} does not match the ledger's checksum; reinstall SGLang instead")
-        out.append(FileChange(rel, current, original, tuple(f"restored original ({c})" for c in entry["changes"])))  # type: ignore[attr-defined]
-    return out
-
-
-def revert(root: Path, changes: list[FileChange]) -> None:
+def apply(tree: SourceTree, report: ScanReport, changes: list[FileChange]) -> state.Ledger:
+    """Write the changes under a journal: the ledger, "in-progress" and naming every file about to change, first;
+    then per file the backup of its original (first patch of it only) and the file (atomic, compiled); then the
+    ledger, "complete". A failure puts back what was written; a kill leaves the journal for `recover`."""
+    root = tree.root
+    prior = state.load_ledger(root)
+    if prior is not None and prior.state != state.COMPLETE:
+        raise SglangError(f"{root / STATE_DIR / LEDGER} records an interrupted patch; run the patch again")
     for ch in changes:
-        _atomic_write(root / ch.path, ch.after)
-        if sha256((root / ch.path).read_bytes()) != sha256(ch.after):
-            raise SglangError(f"{root / ch.path}: restored bytes do not match the original")
-    shutil.rmtree(root / STATE_DIR, ignore_errors=False)
+        if state.digest(root / ch.path) != sha256(ch.before):
+            raise SglangError(f"{root / ch.path} changed while planning; run the patch again")
+        backup = root / STATE_DIR / state.BACKUP / ch.path
+        if (prior is None or ch.path not in prior.files) and backup.exists():
+            raise SglangError(f"{backup} exists but no ledger lists it; `sm120check sglang patch` recovers it first")
+    journal = _journal(tree, report, prior, changes)
+    written: list[FileChange] = []
+    try:
+        state.write_ledger(root, journal)
+        with tempfile.TemporaryDirectory(prefix="sm120check-") as scratch:
+            for ch in changes:
+                if prior is None or ch.path not in prior.files:
+                    backup = root / STATE_DIR / state.BACKUP / ch.path
+                    state.make_dirs(backup.parent)
+                    state.atomic_write(backup, ch.before)
+                written.append(ch)  # before the write: a failure after os.replace still gets undone
+                state.atomic_write(root / ch.path, ch.after)
+                _py_compile(root / ch.path, scratch)
+        final = journal.completed()
+        state.write_ledger(root, final)
+    except BaseException as exc:
+        _undo(tree, prior, written)
+        if isinstance(exc, py_compile.PyCompileError):
+            raise SglangError(f"{exc.file}: does not compile once patched ({exc.msg}); nothing was changed") from exc
+        if isinstance(exc, OSError):
+            raise SglangError(f"{state.describe(exc)}; nothing was changed") from exc
+        if isinstance(exc, SglangError):
+            raise SglangError(f"{exc}; nothing was changed") from exc
+        raise
+    return final
+
+
+def _undo(tree: SourceTree, prior: state.Ledger | None, written: list[FileChange]) -> None:
+    """Put back what `apply` wrote, and the ledger as it was; should that fail too, the journal stays for `recover`."""
+    try:
+        for ch in reversed(written):
+            if state.digest(tree.root / ch.path) != sha256(ch.before):
+                state.atomic_write(tree.root / ch.path, ch.before)
+        found = state.survey(tree.root, tree.version)
+        for f in found.files:  # drop no backup whose file is not back to that original
+            if (prior is None or f.rel not in prior.files) and f.verdict is not Verdict.ORIGINAL:
+                raise SglangError(f"{tree.root / f.rel} is not back to its original")
+        state.clear(found, prior)
+    except SglangError as exc:
+        raise SglangError(
+            f"{exc}, while undoing a failed patch; the journal {tree.root / STATE_DIR / LEDGER} lets "
+            "`sm120check sglang patch` (or --revert) finish once that is fixed"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class RevertPlan:
+    survey: state.Survey
+    changes: list[FileChange]  # current bytes -> original bytes, for the files that need their original back
+    skipped: tuple[str, ...]  # files that already hold their original (or the installed release's own bytes)
+
+    @property
+    def needed(self) -> bool:
+        return self.survey.present
+
+
+def plan_revert(tree: SourceTree) -> RevertPlan:
+    """What `revert` will do, after checking every file against the ledger, its backup and RECORD; writes nothing."""
+    found = state.survey(tree.root, tree.version)
+    found.raise_problems()
+    changes = []
+    for f in found.having(Verdict.PATCHED, Verdict.STRAY):
+        try:
+            current = (tree.root / f.rel).read_bytes()
+        except OSError as exc:
+            raise SglangError(state.describe(exc)) from exc
+        notes = (
+            tuple(f"restored original ({c})" for c in f.entry.changes)
+            if f.entry
+            else ("restored original from a backup no ledger lists (its sha256 is the release's, from RECORD)",)
+        )
+        changes.append(FileChange(f.rel, current, _original(found, f), notes))
+    skipped = tuple(f.rel for f in found.having(Verdict.ORIGINAL, Verdict.PRISTINE))
+    return RevertPlan(found, changes, skipped)
+
+
+def revert(plan: RevertPlan) -> None:
+    """Put every original back, then remove `.sm120kit/`: backups first, the ledger last, so that a kill leaves a
+    state the next revert finishes."""
+    for ch in plan.changes:
+        _put(plan.survey.root / ch.path, ch.after)
+    state.clear(plan.survey)
