@@ -55,16 +55,7 @@ class ScanReport:
                 "multicast_relaxed": self.symm.multicast_relaxed,
             },
             "fusion_gates": [asdict(g) for g in self.gates],
-            "eagle3": {
-                "contract": [asdict(c) for c in self.eagle.contract],
-                "sources": list(self.eagle.sources),
-                "models": len(self.eagle.models),
-                "wrappers": sum(m.wrapper for m in self.eagle.models),
-                "wrapper_gaps": [
-                    {"class": m.name, "path": m.path, "missing": list(m.missing)} for m in self.eagle.wrapper_gaps
-                ],
-                "model_status": {m.name: dict(m.methods) for m in self.eagle.models},
-            },
+            "eagle3": eagle.to_dict(self.eagle),
             "workspace_preflight": asdict(self.preflight) if self.preflight else None,
             "findings": [asdict(f) for f in self.findings],
         }
@@ -106,9 +97,7 @@ def _auto_enable_finding(gate: fusion.FusionGate, cc: ComputeCapability, flashin
         f"auto-enable `{gate.expression}` in {gate.function} turns FlashInfer allreduce fusion on for major 12 by "
         f"itself, and FlashInfer {flashinfer} has no SM120 fusion kernels: the server fails at start (sglang#15650, "
         "'No supported CUDA architectures found'); this release has no flag to turn fusion off, so the patch limits "
-        "the auto-enable to SM100 (or install FlashInfer >= "
-        + ".".join(map(str, FLASHINFER_MIN_FOR_SM120))
-        + ")"
+        "the auto-enable to SM100 (or install FlashInfer >= " + ".".join(map(str, FLASHINFER_MIN_FOR_SM120)) + ")"
     )
     return Finding(fid, False, True, summary, gate.path)
 
@@ -187,16 +176,9 @@ def run(tree: SourceTree, cc: ComputeCapability, flashinfer: str | None, flashin
     workspace = preflight.scan(tree)
     if workspace is not None:
         findings.append(_preflight_finding(workspace, cc, flashinfer))
-    for gap in found.wrapper_gaps:
-        findings.append(
-            Finding(
-                f"eagle3:{gap.name}",
-                False,
-                True,
-                f"{gap.name} holds self.language_model but lacks {', '.join(gap.missing)} (EAGLE-3 target crashes)",
-                gap.path,
-            )
-        )
+    # EAGLE-3: patchable gaps (eagle3:), inner models without the methods (eagle3-unsupported:), inner classes
+    # chosen at run time (eagle3-runtime:) and delegations some inner classes cannot answer (eagle3-partial:).
+    findings += [Finding(*f) for f in eagle.findings(found)]
     return ScanReport(
         str(tree.root),
         tree.version,
@@ -220,7 +202,8 @@ def render(report: ScanReport) -> str:
         "EAGLE-3 contract (from "
         + f"{len(report.eagle.sources)} worker/runner files): "
         + ", ".join(c.name for c in report.eagle.contract)
-        + f"; {len(report.eagle.models)} registered models, {sum(m.wrapper for m in report.eagle.models)} wrappers",
+        + f"; {len(report.eagle.models)} registered models, {sum(m.wrapper for m in report.eagle.models)} wrappers "
+        + f"(holding self.{', self.'.join(eagle.HELD_ATTRS)}), {len(report.eagle.unsupported)} without EAGLE-3 support",
     ]
     for f in report.findings:
         status = mark[f.ok] if f.ok or f.patchable else "warn"
