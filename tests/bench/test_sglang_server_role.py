@@ -23,13 +23,16 @@ ROOT = Path(__file__).resolve().parents[2]
 PLAY = "- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [sglang_server]\n"
 
 
-def doctor_report(path: Path, fusion: str, symm: str) -> Path:
-    """A report shaped like `sm120check doctor --json` (schema, results with id and status)."""
-    results = [
+def doctor_report(path: Path, fusion: str, symm: str, sglang: dict[str, str] | None = None) -> Path:
+    """A report shaped like `sm120check doctor --json` (schema, results with id and status; sglang_comm's data)."""
+    results: list[dict[str, object]] = [
         {"id": "driver", "status": "pass", "summary": "driver 580.159.04"},
         {"id": "allreduce_fusion", "status": fusion, "summary": "FlashInfer allreduce fusion"},
         {"id": "symm_mem", "status": symm, "summary": "torch symmetric memory"},
     ]
+    if sglang is not None:
+        off = "off" in sglang.values()
+        results.append({"id": "sglang_comm", "status": "fail" if off else "pass", "summary": "", "data": sglang})
     path.write_text(json.dumps({"schema": "sm120check.doctor/1", "tool": "sm120check doctor", "results": results}))
     return path
 
@@ -81,6 +84,19 @@ def test_failed_checks_force_fusion_off_and_leave_symmetric_memory_out(tmp_path:
     cmd = command(tmp_path)
     assert "--enforce-disable-flashinfer-allreduce-fusion" in cmd
     assert "--flashinfer-allreduce-fusion-backend" not in cmd and "--enable-torch-symm-mem" not in cmd
+
+
+def test_sglang_turning_fusion_off_wins_over_flashinfers_pass(tmp_path: Path) -> None:
+    """FlashInfer's own fusion works, but SGLang's preflight would skip it: the launch must not ask for it."""
+    doctor_report(tmp_path / "doctor.json", "pass", "pass", {"allreduce_fusion": "off", "symmetric_memory": "on"})
+    result = run_role(tmp_path, "sglang_server_configure")
+    assert result.returncode == 0, result.stdout[-3000:]
+    cmd = command(tmp_path)
+    assert "--enforce-disable-flashinfer-allreduce-fusion" in cmd and "--enable-torch-symm-mem" in cmd
+    assert "SGLang itself: fusion off" in result.stdout
+    doctor_report(tmp_path / "doctor.json", "pass", "pass", {"allreduce_fusion": "on", "symmetric_memory": "on"})
+    assert run_role(tmp_path, "sglang_server_configure").returncode == 0
+    assert "--flashinfer-allreduce-fusion-backend auto" in command(tmp_path)
 
 
 def test_missing_report_says_how_to_write_it_and_turns_both_off(tmp_path: Path) -> None:
