@@ -2,7 +2,9 @@
 
 Run it with the stack venv's interpreter: the key, the cache path and the build are that interpreter's. Every
 subcommand prints one JSON object with --json (what the flashinfer_jit role reads) and a short text otherwise.
-Exit codes: 0 done, 1 a bundle or build problem, 2 bad usage or a key that cannot be computed.
+Exit codes: 0 done, 1 a bundle or build problem (a refused bundle included), 2 bad usage, a key that cannot be
+computed, or a cache this node cannot write (read-only, full disk: the message names the path), 143 SIGTERM (the
+staging directory is removed first, nothing is changed).
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,33 @@ from sm120check.jitcache.ninja import dry_run, find_ninja
 
 DEFAULT_MODULES = ("trtllm_comm", "pcie_ipc_comm")
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the process is, so that `finally` blocks (the staging directory's removal) run."""
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While a bundle is read or installed, SIGTERM raises Terminated once; a second one during the clean-up is only
+    noted, so the clean-up finishes (SIGKILL still ends it; the next unpack then removes what was left)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = False
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _modules(text: str) -> list[str]:
@@ -213,40 +245,57 @@ def run(ns: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return EXIT_USAGE
-            if ns.action == "verify":
-                manifest = bundles.verify(ns.bundle, key, ignore)
-                _emit(
-                    ns,
-                    {
-                        "ok": True,
-                        "key": manifest.key.as_dict(),
-                        "files": len(manifest.files),
-                        "modules": list(manifest.modules),
-                    },
-                    f"{ns.bundle}: {len(manifest.files)} files verified",
-                )
-            else:
-                if ns.into == "aot":
-                    from sm120check.jitcache.key import package_dir
-
-                    target = Path(package_dir("flashinfer")) / "data" / "aot"
-                    done = bundles.install_aot(ns.bundle, target, key, ignore)
-                else:
-                    target = _cache_root(ns)
-                    done = bundles.unpack(ns.bundle, target, key, ignore)
-                _emit(
-                    ns,
-                    {"ok": True, "changed": True, "cache_root": str(target), **asdict(done), "key": done.key.as_dict()},
-                    f"{ns.bundle}: {done.files} files into {target} in {done.seconds} s",
-                )
+            with _sigterm_raises():
+                return _bundle_action(ns, key, ignore)
     except bundles.BundleError as exc:
         if ns.json:
             print(json.dumps({"ok": False, "problem": str(exc)}))
         print(f"sm120check jit: {exc}", file=sys.stderr)
         return EXIT_PROBLEM
+    except (bundles.CacheProblem, OSError) as exc:
+        if ns.json:
+            print(json.dumps({"ok": False, "problem": str(exc)}))
+        print(f"sm120check jit: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Terminated:
+        print(
+            "sm120check jit: terminated (SIGTERM); the staging directory was removed, nothing changed", file=sys.stderr
+        )
+        return EXIT_TERMINATED
     except ValueError as exc:
         print(f"sm120check jit: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    return EXIT_OK
+
+
+def _bundle_action(ns: argparse.Namespace, key: CacheKey | None, ignore: list[str]) -> int:
+    """verify or unpack."""
+    if ns.action == "verify":
+        manifest = bundles.verify(ns.bundle, key, ignore)
+        _emit(
+            ns,
+            {
+                "ok": True,
+                "key": manifest.key.as_dict(),
+                "files": len(manifest.files),
+                "modules": list(manifest.modules),
+            },
+            f"{ns.bundle}: {len(manifest.files)} files verified",
+        )
+    else:
+        if ns.into == "aot":
+            from sm120check.jitcache.key import package_dir
+
+            target = Path(package_dir("flashinfer")) / "data" / "aot"
+            done = bundles.install_aot(ns.bundle, target, key, ignore)
+        else:
+            target = _cache_root(ns)
+            done = bundles.unpack(ns.bundle, target, key, ignore)
+        _emit(
+            ns,
+            {"ok": True, "changed": True, "cache_root": str(target), **asdict(done), "key": done.key.as_dict()},
+            f"{ns.bundle}: {done.files} files into {target} in {done.seconds} s",
+        )
     return EXIT_OK
 
 
