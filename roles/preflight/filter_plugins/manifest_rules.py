@@ -2,21 +2,45 @@
 
 Pure Python over plain data, so the rules are readable, unit-tested without Ansible (tests/ansible) and run
 on the control node before any node is touched. Each problem names the variable and the fix.
+
+Every pattern is matched whole (`fullmatch`): `re.match` with `$` lets a trailing newline through. Names and
+paths reach shell tasks, pip requirement files and profile.d, so only characters that need no quoting there pass.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
 from typing import Any
 
 WHERE = " (inventory/group_vars/all/stack.yml or your inventory)"
-RELEASE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
-VERSION = re.compile(r"^[0-9]+(\.[0-9]+)+$")
-EXACT_PIN = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\+[A-Za-z0-9.]+)?$")
-OLD_CUDA_NAME = re.compile(r"-cu1[0-2]$")
-OLD_CUDA_BUILD = re.compile(r"\+cu(1[0-2]|[0-9])[0-9]$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RELEASE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
+VERSION = re.compile(r"[0-9]+(\.[0-9]+)+")
+EXACT_PIN = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\+[A-Za-z0-9.]+)?")
+OLD_CUDA_NAME = re.compile(r"-cu1[0-2]\Z")
+OLD_CUDA_BUILD = re.compile(r"\+cu(1[0-2]|[0-9])[0-9]\Z")
+CUDA13_BUILD = re.compile(r"\+cu13[0-9]\Z")
+# PEP 508 names: no spaces, no shell characters, no pip options, no newlines.
+PACKAGE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Path characters that need no quoting in a shell word, a pip line, PATH or a systemd unit.
+PATH_CHARS = re.compile(r"/[A-Za-z0-9._+/-]*")
+URL = re.compile(r"https?://[A-Za-z0-9._~:/?#\[\]@!%+,;=-]+")
+# Directories of the operating system that a venv or CUDA_HOME (a symlink) must never be.
+SYSTEM_DIRS = frozenset(
+    """
+    /bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt /opt /proc /root /run /sbin /snap /srv /sys
+    /tmp /usr /var /usr/bin /usr/include /usr/lib /usr/lib32 /usr/lib64 /usr/libexec /usr/local /usr/sbin /usr/share
+    /usr/src /usr/local/bin /usr/local/etc /usr/local/include /usr/local/lib /usr/local/sbin /usr/local/share
+    /usr/local/src /var/cache /var/lib /var/local /var/log /var/opt /var/spool /var/tmp /etc/alternatives
+    /etc/profile.d /etc/systemd
+    """.split()  # noqa: SIM905 (a word list reads better than 50 quoted strings)
+)
+# Kernel and runtime file systems: nothing of the stack belongs under them.
+VIRTUAL_ROOTS = ("/dev/", "/proc/", "/run/", "/sys/")
+DOCTOR_LEVELS = (1, 2, 3)
+APT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+-[0-9]+")
 NCCL_MIN = (2, 26, 2)
 
 
@@ -26,6 +50,54 @@ def _normalize(name: str) -> str:
 
 def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split("."))
+
+
+def _path_problem(text: str, *, example: str = "/opt/sm120kit/venv", system_ok: bool = False) -> str | None:
+    """Why `text` is not a safe absolute path on the node, or None."""
+    if not text.startswith("/"):
+        return "must be an absolute path"
+    if not PATH_CHARS.fullmatch(text):
+        return (
+            "may hold only letters, digits and . _ + - / (no spaces, quotes, $, ;, newlines or other shell characters)"
+        )
+    if posixpath.normpath(text) != text or text.startswith("//"):
+        return f"is not normalized (no '.', '..', '//' or trailing '/'): write '{posixpath.normpath(text)}'"
+    if system_ok:
+        return None
+    if text in SYSTEM_DIRS or text.count("/") < 2:
+        return "is a system directory (or a top-level one); use a directory of its own such as " + example
+    if text.startswith(VIRTUAL_ROOTS):
+        return "lies on a kernel or runtime file system (/dev, /proc, /run, /sys)"
+    return None
+
+
+def _name_problem(name: object) -> str | None:
+    """Why `name` is not a PEP 508 package name, or None."""
+    text = str(name)
+    if PACKAGE_NAME.fullmatch(text):
+        return None
+    if text.lstrip().startswith("-"):
+        return (
+            "is a pip option, not a package name; set indexes with sm120kit_pip_index_url and "
+            "sm120kit_pip_extra_index_urls"
+        )
+    return "is not a package name (PEP 508: letters, digits, '.', '_', '-'; no spaces, options or newlines)"
+
+
+def _env_value_problem(value: object) -> str | None:
+    """Why `value` cannot be an environment value in profile.d, the venv hook and the manifest, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return 'is a YAML boolean; quote the value the program expects, e.g. "1" or "true"'
+    if not isinstance(value, (str, int, float)):
+        return f"is a {type(value).__name__}; an environment value is a string (or null to remove the variable)"
+    text = str(value)
+    if "\0" in text:
+        return "contains a NUL byte, which no environment variable can hold"
+    if "\n" in text or "\r" in text:
+        return "contains a newline; environment values are one line (login shells, systemd and the doctor)"
+    return None
 
 
 def manifest_problems(s: Mapping[str, Any]) -> list[str]:
@@ -39,9 +111,9 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
         )
 
     cuda = str(s.get("cuda_version", ""))
-    if not RELEASE.match(cuda):
+    if not RELEASE.fullmatch(cuda):
         problems.append(
-            f"sm120kit_cuda_version: '{cuda}' is not a full release number; write MAJOR.MINOR.PATCH, e.g. \"13.0.1\""
+            f'sm120kit_cuda_version: {cuda!r} is not a full release number; write MAJOR.MINOR.PATCH, e.g. "13.0.1"'
             + WHERE
         )
     elif not cuda.startswith("13."):
@@ -52,14 +124,17 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
 
     for name, version in (s.get("cuda_components") or {}).items():
         version = str(version)
-        if OLD_CUDA_NAME.search(name):
+        name_problem = _name_problem(name)
+        if name_problem:
+            problems.append(f"sm120kit_cuda_components: {name!r} {name_problem}{WHERE}")
+        elif OLD_CUDA_NAME.search(name):
             problems.append(
                 f"sm120kit_cuda_components: '{name}' is a CUDA 12 (or older) wheel in the CUDA 13 stack; "
                 f"use the unsuffixed CUDA 13 wheel{WHERE}"
             )
-        elif not VERSION.match(version):
+        elif not VERSION.fullmatch(version):
             problems.append(
-                f"sm120kit_cuda_components['{name}']: '{version}' is not an exact version such as \"13.0.88\"{WHERE}"
+                f"sm120kit_cuda_components['{name}']: {version!r} is not an exact version such as \"13.0.88\"{WHERE}"
             )
         elif not version.startswith("13."):
             problems.append(
@@ -78,7 +153,10 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
     source = f"sm120kit_profiles.{profile}.python_packages or sm120kit_extra_python_packages"
     for name, version in pins.items():
         version = str(version)
-        if OLD_CUDA_NAME.search(_normalize(name)):
+        name_problem = _name_problem(name)
+        if name_problem:
+            problems.append(f"python package {str(name)!r} ({source}) {name_problem}")
+        elif OLD_CUDA_NAME.search(_normalize(name)):
             problems.append(
                 f"python package '{name}' ({source}) is a CUDA 12 wheel; mixing it with CUDA 13 torch breaks the "
                 "ABI: remove it or use its CUDA 13 build"
@@ -88,9 +166,9 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
                 f"python package '{name}' ({source}) is SGLang's CUDA 12 kernel package; use 'sglang-kernel' "
                 "(0.4.x, CUDA 13)"
             )
-        elif not EXACT_PIN.match(version):
+        elif not EXACT_PIN.fullmatch(version):
             problems.append(
-                f"python package '{name}': '{version}' is not an exact version; sm120kit pins exactly "
+                f"python package '{name}': {version!r} is not an exact version; sm120kit pins exactly "
                 f'(e.g. "2.14.1"), ranges and operators are not allowed ({source})'
             )
         elif OLD_CUDA_BUILD.search(version):
@@ -98,32 +176,81 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
                 f"python package '{name}': '{version}' is a CUDA 12 (or older) build; use a CUDA 13 build "
                 f"(no local tag on PyPI, or +cu130) ({source})"
             )
+        elif "+" in version and not CUDA13_BUILD.search(version):
+            problems.append(
+                f"python package '{name}': '{version}' is not a CUDA 13 build (local tag "
+                f"'+{version.split('+', 1)[1]}', e.g. a CPU or ROCm wheel); use the PyPI build without a local tag "
+                f"or +cu130 ({source})"
+            )
 
     nccl = str(s.get("nccl_version", ""))
-    if not RELEASE.match(nccl):
-        problems.append(f"sm120kit_nccl_version: '{nccl}' is not an exact version such as \"2.30.7\"{WHERE}")
+    if not RELEASE.fullmatch(nccl):
+        problems.append(f'sm120kit_nccl_version: {nccl!r} is not an exact version such as "2.30.7"{WHERE}')
     elif _version_tuple(nccl) < NCCL_MIN:
         problems.append(
             f"sm120kit_nccl_version: '{nccl}' is older than 2.26.2, which SM120 needs (older NCCL fails with "
             f"'ncclMaxSharedMem ... exceeds'); use \"2.30.7\"{WHERE}"
         )
 
+    if "cuda_apt_version" in s and not APT_VERSION.fullmatch(str(s.get("cuda_apt_version"))):
+        problems.append(
+            f"sm120kit_cuda_apt_version: {str(s.get('cuda_apt_version'))!r} is not an apt version such as "
+            f'"13.0.1-1"{WHERE}'
+        )
+
     driver = str(s.get("driver_min", ""))
-    if not VERSION.match(driver):
-        problems.append(f"sm120kit_driver_min: '{driver}' is not a driver version such as \"580.65.06\"{WHERE}")
+    if not VERSION.fullmatch(driver):
+        problems.append(f'sm120kit_driver_min: {driver!r} is not a driver version such as "580.65.06"{WHERE}')
 
     for var in ("venv", "cuda_home"):
-        if not str(s.get(var, "")).startswith("/"):
-            problems.append(f"sm120kit_{var}: '{s.get(var, '')}' must be an absolute path")
+        path_problem = _path_problem(str(s.get(var, "")), example={"venv": "/opt/sm120kit/venv"}.get(var, "/opt/cuda"))
+        if path_problem:
+            problems.append(f"sm120kit_{var}: {str(s.get(var, ''))!r} {path_problem}{WHERE}")
     wheelhouse = str(s.get("wheelhouse") or "")
-    if wheelhouse and not wheelhouse.startswith("/"):
+    path_problem = _path_problem(wheelhouse, system_ok=True) if wheelhouse else None
+    if path_problem:
         problems.append(
-            f"sm120kit_wheelhouse: '{wheelhouse}' must be an absolute path on the node (or empty to use package "
-            "indexes)"
+            f"sm120kit_wheelhouse: {wheelhouse!r} {path_problem}; it must be an absolute path on the node (or empty "
+            "to use package indexes)"
         )
-    for name in s.get("env_overrides") or {}:
-        if not ENV_NAME.match(str(name)):
-            problems.append(f"sm120kit_env_overrides: '{name}' is not a valid environment variable name")
+
+    for source in ("env", "env_overrides"):
+        variables = s.get(source) or {}
+        if not isinstance(variables, Mapping):
+            problems.append(f"sm120kit_{source}: must be a mapping of variable name to value{WHERE}")
+            continue
+        for name, value in variables.items():
+            if source == "env" and name in (s.get("env_overrides") or {}):
+                continue  # the override wins: only its value reaches the node
+            if not ENV_NAME.fullmatch(str(name)):
+                problems.append(
+                    f"sm120kit_{source}: {str(name)!r} is not a valid environment variable name (a shell "
+                    "identifier: letters, digits and _, not starting with a digit)"
+                )
+                continue
+            value_problem = _env_value_problem(value)
+            if value_problem:
+                problems.append(f"sm120kit_{source}['{name}']: the value {value_problem}{WHERE}")
+
+    if "doctor_level" in s:
+        level = s.get("doctor_level")
+        if isinstance(level, bool) or str(level).strip() not in {str(n) for n in DOCTOR_LEVELS}:
+            problems.append(
+                f"sm120kit_doctor_level: {level!r} is not a doctor level; use 1 (static), 2 (one GPU) or "
+                f"3 (multi-GPU){WHERE}"
+            )
+    urls = [("sm120kit_pip_index_url", s.get("pip_index_url") or "")]
+    extra_urls = s.get("pip_extra_index_urls") or []
+    if isinstance(extra_urls, (str, Mapping)) or not isinstance(extra_urls, (list, tuple)):
+        problems.append(f"sm120kit_pip_extra_index_urls: must be a list of index URLs{WHERE}")
+        extra_urls = []
+    urls += [(f"sm120kit_pip_extra_index_urls[{i}]", url) for i, url in enumerate(extra_urls)]
+    for var, url in urls:
+        if url and not URL.fullmatch(str(url)):
+            problems.append(
+                f"{var}: {str(url)!r} is not an http(s) index URL (no spaces, quotes, newlines or shell "
+                f"characters){WHERE}"
+            )
     return problems
 
 
