@@ -17,12 +17,13 @@ from typing import Any
 
 from sm120check import __version__
 from sm120check.bench.apis import Api, RequestSpec
-from sm120check.bench.http import Connection, Endpoint, HttpError
+from sm120check.bench.http import Connection, Endpoint, HttpError, has_credentials, redact_url
 from sm120check.bench.prompts import load_prompt_file, synthetic_prompts
 from sm120check.bench.records import LevelSummary, append_jsonl, seed_table
 from sm120check.bench.runner import LevelPlan, run_level, summarize
 
 DEFAULT_LEVELS = "1,2,5,10,30,70,100,250"
+API_KEY_ENV = "OPENAI_API_KEY"
 _SERVER_KEYS = (
     "model_path",
     "version",
@@ -93,15 +94,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (variable lengths)")
     p.add_argument("--prompt-file", type=Path, help="prompts, one per line or JSONL with a prompt field")
     p.add_argument("--model", help="model name for OpenAI APIs (default: the first of /v1/models)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token ($OPENAI_API_KEY)")
+    # The default is read at run time, never at parse time: a default is printed by --help. `%(default).0s` prints
+    # nothing, and stops ArgumentDefaultsHelpFormatter from appending "(default: ...)".
+    p.add_argument(
+        "--api-key", default=None, help=f"bearer token (default: ${API_KEY_ENV}, read at run time)%(default).0s"
+    )
     p.add_argument("--label", default="", help="sweep label, e.g. base or spec")
     p.add_argument("--out", type=Path, help="append one JSONL record per level here")
     p.add_argument("--request-timeout", type=_positive_float, default=600.0, help="seconds per request")
     p.add_argument("--level-timeout", type=_positive_float, default=3600.0, help="seconds per level")
+    p.add_argument(
+        "--info-timeout",
+        type=_positive_float,
+        default=30.0,
+        help="seconds for each request outside the levels (/get_server_info, /v1/models), connect to last byte",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for synthetic prompts")
     p.add_argument("--json", action="store_true", help="print the level records as JSON lines, not a table")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(handler=handle)
+
+
+class SweepError(Exception):
+    """The sweep stopped early (the message says why and names the URL or the file); `records_kept` tells whether
+    every finished level is in --out."""
+
+    def __init__(self, message: str, records_kept: bool = True) -> None:
+        super().__init__(message)
+        self.records_kept = records_kept
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -115,11 +135,31 @@ def handle(args: argparse.Namespace) -> int:
     if args.warmup < 0:
         print(f"sm120check bench: --warmup {args.warmup} must be 0 or more", file=sys.stderr)
         return 2
+    if has_credentials(args.url):
+        print(
+            f"sm120check bench: warning: the user and password in --url are not sent and not recorded "
+            f"(benchmarking {endpoint}); use --api-key or ${API_KEY_ENV} for a bearer token",
+            file=sys.stderr,
+        )
+    if args.out is not None and (problem := _out_problem(args.out)):
+        print(f"sm120check bench: --out {args.out}: {problem}; nothing was sent to the server", file=sys.stderr)
+        return 2
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    code, kept = 0, bool(args.out)
+    summaries: list[LevelSummary] = []
     try:
-        summaries = asyncio.run(_sweep(args, endpoint, levels, prompts))
+        asyncio.run(_sweep(args, endpoint, levels, prompts, api_key, summaries))
     except HttpError as exc:
         print(f"sm120check bench: {exc}\n  is the server up? check {endpoint}/health", file=sys.stderr)
-        return 1
+        code = 1
+    except SweepError as exc:
+        print(f"sm120check bench: {exc}", file=sys.stderr)
+        code, kept = 1, kept and exc.records_kept
+    if code and summaries:
+        kept_where = f"; their records are in {args.out}" if kept else ""
+        print(f"sm120check bench: {len(summaries)} level(s) finished before it stopped{kept_where}", file=sys.stderr)
+    if code and not summaries:
+        return code
     if args.json:
         for s in summaries:
             print(json.dumps(s.to_json()))
@@ -128,38 +168,60 @@ def handle(args: argparse.Namespace) -> int:
     failed = sum(s.errors for s in summaries)
     if failed:
         print(f"sm120check bench: {failed} requests failed; see error_samples in the records", file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if failed or code else 0
+
+
+def _out_problem(path: Path) -> str:
+    """Why --out cannot take the records ("" when it can), found before any load is sent: the file is opened for
+    append (and removed again when this made it), so a directory, a missing permission or a read-only file system
+    is reported now, not after the first level."""
+    if path.is_dir():
+        return "is a directory; give a file such as results.jsonl"
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        return f"cannot be written: {exc.strerror or exc}"
+    if not existed:
+        path.unlink(missing_ok=True)
+    return ""
 
 
 async def _sweep(
-    args: argparse.Namespace, endpoint: Endpoint, levels: Sequence[int], prompts: list[str] | None
-) -> list[LevelSummary]:
+    args: argparse.Namespace,
+    endpoint: Endpoint,
+    levels: Sequence[int],
+    prompts: list[str] | None,
+    api_key: str | None,
+    summaries: list[LevelSummary],
+) -> None:
+    """Run every level, appending each finished level to `summaries` (and to --out) as soon as it is measured."""
     api = Api(args.api)
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    info_timeout: float = getattr(args, "info_timeout", 30.0)
 
     def say(line: str) -> None:
         if not args.quiet:
             print(line, file=sys.stderr, flush=True)
 
-    server = await fetch_server_info(endpoint, headers)
+    server = await fetch_server_info(endpoint, headers, info_timeout)
     model = args.model or ""
     if api is not Api.SGLANG and not model:
-        model = await fetch_model_name(endpoint, headers)
+        model = await fetch_model_name(endpoint, headers, info_timeout)
     run_id = uuid.uuid4().hex[:12]
+    recorded = {k: v for k, v in vars(args).items() if k not in ("handler", "api_key", "command")}
+    recorded["url"] = redact_url(args.url)
     meta: dict[str, Any] = {
         "api": api.value,
         "url": str(endpoint),
         "model": model or server.get("model_path", ""),
         "server": {k: server[k] for k in _SERVER_KEYS if k in server},
-        "args": {
-            k: (str(v) if isinstance(v, Path) else v)
-            for k, v in vars(args).items()
-            if k not in ("handler", "api_key", "command")
-        },
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in recorded.items()},
         "client": {"host": socket.gethostname(), "sm120check": __version__},
     }
     pool = prompts or synthetic_prompts(max(4 * max(levels), 64), args.input_len, args.seed)
-    summaries: list[LevelSummary] = []
     for c in levels:
         if args.duration is not None:
             plan = LevelPlan(c, duration=args.duration, warmup=args.warmup)
@@ -174,7 +236,12 @@ async def _sweep(
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         records, t0, t1, timed_out = await run_level(endpoint, api, plan, make_spec, headers, say)
         summary = summarize(c, records, t0, t1, timed_out)
-        after = await fetch_server_info(endpoint, headers)
+        stalled: HttpError | None = None
+        try:
+            after = await fetch_server_info(endpoint, headers, info_timeout)
+        except HttpError as exc:  # the level is measured: keep it, then stop
+            after, stalled = {}, exc
+            summary = replace(summary, warnings=(*summary.warnings, f"server info after the level: {exc}"))
         server_accept = _server_accept_length(after)
         if summary.accept_length is None and server_accept is not None:
             summary = replace(summary, accept_length=server_accept, accept_source="get_server_info")
@@ -182,7 +249,11 @@ async def _sweep(
         summary = replace(summary, label=args.label, run_id=run_id, meta=level_meta)
         summaries.append(summary)
         if args.out:
-            append_jsonl(args.out, [summary])
+            try:
+                append_jsonl(args.out, [summary])
+            except OSError as exc:  # checked up front; this is a disk that filled or went away during the sweep
+                message = f"cannot append the C={c} record to {args.out}: {exc.strerror or exc}"
+                raise SweepError(message, records_kept=False) from None
         accept = f", accept length {summary.accept_length:.2f}" if summary.accept_length else ""
         say(
             f"C={c}: {summary.throughput_tok_s:.1f} tok/s, {summary.per_request_mean:.1f} tok/s per request, "
@@ -190,18 +261,32 @@ async def _sweep(
         )
         for warning in summary.warnings:
             say(f"  warning: {warning}")
-    return summaries
+        if stalled is not None:
+            raise SweepError(f"stopped after C={c}: {stalled}")
 
 
-async def fetch_server_info(endpoint: Endpoint, headers: dict[str, str]) -> dict[str, Any]:
-    """SGLang's /get_server_info (or /server_info); {} for servers without it. Connection failures raise."""
-    conn = Connection(endpoint, headers)
+async def _bounded_get_json(conn: Connection, path: str, timeout: float) -> object:
+    """GET path, bounded from connect to the last body byte: a stalled server is an HttpError naming the URL."""
+    try:
+        return await asyncio.wait_for(conn.get_json(path), timeout)
+    except asyncio.TimeoutError:
+        await conn.close()
+        raise HttpError(
+            f"GET {conn.endpoint}{path}: no complete response within {timeout:g} s (the server stalled; "
+            "--info-timeout sets the limit)"
+        ) from None
+
+
+async def fetch_server_info(endpoint: Endpoint, headers: dict[str, str], timeout: float = 30.0) -> dict[str, Any]:
+    """SGLang's /get_server_info (or /server_info); {} for servers without it. Connection failures and stalls
+    (no complete answer within `timeout` seconds) raise HttpError."""
+    conn = Connection(endpoint, headers, connect_timeout=min(timeout, 10.0))
     try:
         for path in ("/get_server_info", "/server_info"):
             try:
-                info = await conn.get_json(path)
+                info = await _bounded_get_json(conn, path, timeout)
             except HttpError as exc:
-                if "HTTP" not in str(exc):
+                if "HTTP" not in str(exc) or "stalled" in str(exc):
                     raise
                 continue
             if isinstance(info, dict):
@@ -211,10 +296,10 @@ async def fetch_server_info(endpoint: Endpoint, headers: dict[str, str]) -> dict
         await conn.close()
 
 
-async def fetch_model_name(endpoint: Endpoint, headers: dict[str, str]) -> str:
-    conn = Connection(endpoint, headers)
+async def fetch_model_name(endpoint: Endpoint, headers: dict[str, str], timeout: float = 30.0) -> str:
+    conn = Connection(endpoint, headers, connect_timeout=min(timeout, 10.0))
     try:
-        data = await conn.get_json("/v1/models")
+        data = await _bounded_get_json(conn, "/v1/models", timeout)
     except HttpError as exc:
         raise HttpError(f"{exc}; pass --model NAME") from None
     finally:

@@ -8,22 +8,40 @@ keep-alive reuse, https through the standard `ssl` module. No pool with a hidden
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from sm120check.bench.wire import ChunkedDecoder
 
 _READ_SIZE = 65536
 _HEADER_LIMIT = 1 << 20
+_CLOSE_TIMEOUT = 5.0
 
 
 class HttpError(Exception):
     """The request could not be sent or the response could not be read."""
+
+
+def redact_url(url: str) -> str:
+    """The URL without `user:password@` (and without a query, which may carry a token): what records, logs and
+    messages may show."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc.rpartition("@")[2]
+        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    except ValueError:
+        return "(unparsable URL)" if "@" in url else url
+
+
+def has_credentials(url: str) -> bool:
+    try:
+        return "@" in urlsplit(url).netloc
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -37,13 +55,17 @@ class Endpoint:
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
-        parts = urlsplit(url)
+        shown = redact_url(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError as exc:
+            raise ValueError(f"--url {shown!r} is not a URL ({exc}); give one like http://127.0.0.1:30000") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"--url {url!r} is not an http(s) URL; give one like http://127.0.0.1:30000")
+            raise ValueError(f"--url {shown!r} is not an http(s) URL; give one like http://127.0.0.1:30000")
         try:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError as exc:
-            raise ValueError(f"--url {url!r} has a bad port: {exc}") from None
+            raise ValueError(f"--url {shown!r} has a bad port: {exc}") from None
         return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
 
     def __str__(self) -> str:
@@ -197,5 +219,9 @@ class Connection:
         writer, self.reader, self.writer = self.writer, None, None
         if writer is not None:
             writer.close()
-            with contextlib.suppress(ConnectionError, OSError, ssl.SSLError):
-                await writer.wait_closed()
+            try:  # bounded too: a peer that stopped reading never lets buffered bytes drain
+                await asyncio.wait_for(writer.wait_closed(), _CLOSE_TIMEOUT)
+            except asyncio.TimeoutError:
+                writer.transport.abort()
+            except (ConnectionError, OSError, ssl.SSLError):
+                pass

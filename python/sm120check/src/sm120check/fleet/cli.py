@@ -108,6 +108,8 @@ def run_collect(args: argparse.Namespace) -> int:
         return _error(f"cannot read the results {source}: {error.strerror}")
     except json.JSONDecodeError as error:
         return _error(f"the results from {source} are not JSON ({error}); pass {{host: registered result}}")
+    except RecursionError:
+        return _error(f"the results from {source} are nested too deeply to read; pass {{host: registered result}}")
     if not isinstance(results, dict) or not results:
         return _error(f"the results from {source} must be a non-empty JSON object {{host: registered result}}")
     try:

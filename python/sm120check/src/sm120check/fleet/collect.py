@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from sm120check.fleet.load import NODES_DIR
+from sm120check.fleet.load import NODES_DIR, NodeDocumentError, parse_document
 from sm120check.fleet.model import NodeState
 
 NO_CHECKER_RC = 127  # the playbook's shell exits 127 when the node has no sm120check
@@ -51,9 +51,9 @@ def node_file(host: str, result: object) -> str:
     stdout = str(result.get("stdout") or "")
     if rc in (0, 1):
         try:
-            json.loads(stdout)
-        except json.JSONDecodeError as error:
-            why = f"the doctor exited {rc} but its output is not JSON ({error.msg}): {stdout[:200]!r}"
+            parse_document(stdout)  # bounded: too large or too deep is this node's error, not a traceback
+        except NodeDocumentError as error:
+            why = f"the doctor exited {rc} but its output is not usable JSON ({error}): {stdout[:200]!r}"
             return _stub(host, NodeState.ERROR, why, rc=rc, stderr=_tail(stderr))
         return stdout if stdout.endswith("\n") else stdout + "\n"
     why = _tail(stderr) or _tail(result.get("msg")) or "no output"
@@ -74,7 +74,11 @@ def write_run(run: Path, results: Mapping[str, object], link_latest: bool = True
     for host in sorted(results):
         path = nodes / f"{_safe_name(host)}.json"
         partial = path.with_name(path.name + ".partial")
-        partial.write_text(node_file(host, results[host]), encoding="utf-8")
+        try:
+            text = node_file(host, results[host])
+        except Exception as error:  # one node's odd result never costs the other nodes their files
+            text = _stub(host, NodeState.ERROR, f"its registered result cannot be read: {error!r}"[:500])
+        partial.write_text(text, encoding="utf-8")
         partial.replace(path)
         written.append(path)
     if link_latest:

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 
 from sm120check.fleet.model import NO_RESULT, Fleet, NodeReport, NodeState
+from sm120check.safetext import terminal_text
 
 
 @dataclass(frozen=True)
@@ -73,22 +74,29 @@ def compare(old: Fleet, new: Fleet) -> FleetDiff:
     )
 
 
+def _tty(value: str) -> str:
+    """One terminal line: nothing a node's file holds reaches the terminal as an escape sequence."""
+    return terminal_text(value, one_line=True)
+
+
 def text(diff: FleetDiff, old_name: str, new_name: str) -> str:
-    lines = [f"sm120check fleet diff: {old_name} -> {new_name}"]
+    lines = [f"sm120check fleet diff: {_tty(old_name)} -> {_tty(new_name)}"]
     for node in diff.added:
-        lines.append(f"+ {node.host}: added, {node.state.label}")
+        lines.append(f"+ {_tty(node.host)}: added, {node.state.label}")
     for node in diff.removed:
-        lines.append(f"- {node.host}: removed (was {node.state.label})")
+        lines.append(f"- {_tty(node.host)}: removed (was {node.state.label})")
     for change in diff.changed:
         states = (
             f"{change.old_state.label} -> {change.new_state.label}"
             if change.old_state is not change.new_state
             else change.new_state.label
         )
-        lines.append(f"~ {change.host}: {states}" + (f" ({change.error.splitlines()[0]})" if change.error else ""))
-        width = max([len(c.id) for c in change.checks] + [5])
+        why = f" ({_tty(change.error.splitlines()[0])})" if change.error.strip() else ""
+        lines.append(f"~ {_tty(change.host)}: {states}{why}")
+        width = max([len(_tty(c.id)) for c in change.checks] + [5])
         for check in change.checks:
-            lines.append(f"    {check.id.ljust(width)}  {check.old:>4} -> {check.new:<4}  {check.summary}".rstrip())
+            line = f"    {_tty(check.id).ljust(width)}  {check.old:>4} -> {check.new:<4}  {_tty(check.summary)}"
+            lines.append(line.rstrip())
     if diff.empty:
         lines.append("no changes")
     else:

@@ -9,86 +9,156 @@ The node's name is the file's name without `.json` (the inventory name, which ma
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
-from sm120check.fleet.model import STATUSES, CheckResult, Fleet, NodeReport, NodeState, build_fleet
+from sm120check.fleet.model import STATUSES, STUB_STATES, CheckResult, Fleet, NodeReport, NodeState, build_fleet
 
 NODES_DIR = "nodes"
 AGGREGATE_TOOL = "sm120check fleet"  # the `tool` of fleet.json, never a node report
+AGGREGATE_NAME = "fleet.json"  # where `fleet report --write` and `collect` put the aggregate: beside nodes/
+# Bounds on one node file: a doctor report is tens of KiB and a few levels deep. Anything past them is that node's
+# error, never a traceback that takes the other nodes' matrix with it.
+MAX_NODE_BYTES = 16 << 20
+MAX_JSON_DEPTH = 64
 _EXCERPT = 200
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKETS = re.compile(r"[\[\]{}]")
 
 
 class FleetInputError(Exception):
     """A path that holds no fleet run: the message names it and says what was expected."""
 
 
+class NodeDocumentError(ValueError):
+    """A node's output that is not a usable JSON document (too large, too deep, not JSON): the message says why."""
+
+
+def parse_document(text: str) -> Any:
+    """JSON with bounded size and nesting depth; NodeDocumentError says what is wrong (never RecursionError)."""
+    if len(text) > MAX_NODE_BYTES:
+        raise NodeDocumentError(f"node report is larger than {MAX_NODE_BYTES >> 20} MiB ({len(text)} characters)")
+    depth = deepest = 0
+    for match in _BRACKETS.finditer(_STRINGS.sub('""', text)):
+        depth += 1 if match.group(0) in "[{" else -1
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_JSON_DEPTH:
+                raise NodeDocumentError(f"node report is nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        excerpt = text.strip()[:_EXCERPT] or "(empty)"
+        raise NodeDocumentError(f"node report is not JSON ({error.msg}): {excerpt}") from None
+    except (RecursionError, ValueError) as error:  # belt and braces: the scan above should have caught it
+        raise NodeDocumentError(f"node report cannot be parsed: {type(error).__name__}") from None
+
+
 def node_from_document(host: str, document: object, source: str = "") -> NodeReport:
-    """A node report from a parsed node file; anything that is not a doctor report or a stub is an ERROR node."""
+    """A node report from a parsed node file; anything that is not a doctor report with at least one result, or
+    one of the playbook's stubs, is an ERROR node that says why (never an exception)."""
+    try:
+        return _node_from_document(host, document, source)
+    except Exception as error:  # a reader must be total: one bad node never hides the others
+        return NodeReport(host, NodeState.ERROR, error=f"node report cannot be read: {error!r}"[:500], source=source)
+
+
+def _node_from_document(host: str, document: object, source: str) -> NodeReport:
+    def bad(why: str) -> NodeReport:
+        return NodeReport(host, NodeState.ERROR, error=why, source=source)
+
     if not isinstance(document, dict):
-        return NodeReport(host, NodeState.ERROR, error=f"node report is not a JSON object: {_excerpt(document)}")
+        return bad(f"node report is not a JSON object: {_excerpt(document)}")
+    if document.get("tool") == AGGREGATE_TOOL and "results" not in document:
+        return bad("this file is a fleet aggregate (fleet.json), not a node report; the node's doctor gave none")
     stub_state = document.get("state")
     if document.get("unreachable") is True:
         stub_state = NodeState.UNREACHABLE.value
     if stub_state is not None and "results" not in document:
-        try:
-            state = NodeState(stub_state)
-        except ValueError:
-            state = NodeState.ERROR
-        return NodeReport(host, state, error=str(document.get("error") or stub_state), source=source)
+        error = document.get("error")
+        why = error if isinstance(error, str) and error.strip() else str(stub_state)
+        if stub_state not in STUB_STATES:
+            return bad(
+                f"node file has state {_excerpt(stub_state)}, which is not a stub state "
+                f"({', '.join(STUB_STATES)}) and no doctor results: {_excerpt(document)}"
+            )
+        return NodeReport(host, NodeState(stub_state), error=why, source=source)
     results = document.get("results")
     if not isinstance(results, list):
-        return NodeReport(host, NodeState.ERROR, error=f"not a doctor report (no results list): {_excerpt(document)}")
+        return bad(f"not a doctor report (no results list): {_excerpt(document)}")
+    if not results:
+        return bad("doctor report has no check results (no check ran), so it shows nothing ready")
     parsed: list[CheckResult] = []
     for item in results:
         if not isinstance(item, dict) or not isinstance(item.get("id"), str) or item.get("status") not in STATUSES:
-            return NodeReport(host, NodeState.ERROR, error=f"doctor report has a malformed result: {_excerpt(item)}")
+            return bad(f"doctor report has a malformed result: {_excerpt(item)}")
+        texts = {key: item.get(key) for key in ("summary", "details", "remedy", "family")}
+        wrong = [key for key, value in texts.items() if value is not None and not isinstance(value, str)]
+        if wrong:
+            return bad(f"doctor report result {item['id']!r} has a non-string {', '.join(wrong)}: {_excerpt(item)}")
+        level = item.get("level")
+        if level is not None and not _is_int(level):
+            return bad(f"doctor report result {item['id']!r} has a level that is not an integer: {_excerpt(level)}")
         parsed.append(
             CheckResult(
                 id=item["id"],
                 status=item["status"],
-                summary=str(item.get("summary") or ""),
-                details=str(item.get("details") or ""),
-                remedy=str(item.get("remedy") or ""),
-                level=_int(item.get("level")),
-                family=str(item.get("family") or ""),
+                summary=texts["summary"] or "",
+                details=texts["details"] or "",
+                remedy=texts["remedy"] or "",
+                level=level if isinstance(level, int) else 0,
+                family=texts["family"] or "",
             )
         )
-    failed = any(r.status == "fail" for r in parsed)
+    seconds = document.get("seconds")
+    if seconds is not None and not (_is_number(seconds) and math.isfinite(seconds) and seconds >= 0):
+        return bad(f"doctor report has `seconds` that is not a non-negative number: {_excerpt(seconds)}")
     level = document.get("level")
+    if level is not None and not _is_int(level):
+        return bad(f"doctor report has a `level` that is not an integer: {_excerpt(level)}")
+    for key in ("version", "started"):
+        if document.get(key) is not None and not isinstance(document.get(key), str):
+            return bad(f"doctor report has a `{key}` that is not a string: {_excerpt(document.get(key))}")
+    failed = any(r.status == "fail" for r in parsed)
     return NodeReport(
         host,
         NodeState.FAILED if failed else NodeState.READY,
         tuple(parsed),
-        version=str(document.get("version") or ""),
-        level=level if isinstance(level, int) else None,
-        started=str(document.get("started") or ""),
-        seconds=float(document.get("seconds") or 0.0),
+        version=document.get("version") or "",
+        level=level,
+        started=document.get("started") or "",
+        seconds=float(seconds or 0.0),
         source=source,
     )
 
 
 def read_node(path: Path) -> NodeReport:
-    """One node file; unreadable or non-JSON content makes an ERROR node (the node's doctor wrote it)."""
+    """One node file; unreadable, oversized, too deep or non-JSON content makes an ERROR node naming the file."""
     host = path.name.removesuffix(".json")
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_NODE_BYTES + 1)
     except OSError as error:
-        raise FleetInputError(f"cannot read {path}: {error.strerror}") from error
+        return NodeReport(host, NodeState.ERROR, error=f"cannot read {path}: {error.strerror}", source=str(path))
     try:
-        document: Any = json.loads(text)
-    except json.JSONDecodeError as error:
-        excerpt = text.strip()[:_EXCERPT] or "(empty)"
-        problem = f"node report is not JSON ({error.msg}): {excerpt}"
-        return NodeReport(host, NodeState.ERROR, error=problem, source=str(path))
+        if len(raw) > MAX_NODE_BYTES:
+            raise NodeDocumentError(f"node report is larger than {MAX_NODE_BYTES >> 20} MiB")
+        document = parse_document(raw.decode("utf-8", errors="replace"))
+    except NodeDocumentError as error:
+        return NodeReport(host, NodeState.ERROR, error=f"{path}: {error}", source=str(path))
     return node_from_document(host, document, str(path))
 
 
 def node_files(directory: Path) -> list[Path]:
-    """The node files of a run directory: nodes/*.json when there is a nodes/ directory, else *.json."""
+    """The node files of a run directory: every nodes/*.json when there is a nodes/ directory, else every *.json
+    but the aggregate fleet.json. What a file holds never makes it disappear: a node's output that looks like an
+    aggregate is that node's error, not a file to skip."""
     nodes_dir = directory / NODES_DIR
-    folder = nodes_dir if nodes_dir.is_dir() else directory
-    return sorted(p for p in folder.glob("*.json") if p.is_file() and not _is_aggregate(p))
+    if nodes_dir.is_dir():
+        return sorted(p for p in nodes_dir.glob("*.json") if p.is_file())
+    return sorted(p for p in directory.glob("*.json") if p.is_file() and not _is_aggregate(p))
 
 
 def load(path: Path) -> Fleet:
@@ -107,18 +177,28 @@ def load(path: Path) -> Fleet:
 
 
 def _is_aggregate(path: Path) -> bool:
-    try:
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            head = handle.read(4096)
-    except OSError:
+    """A flat directory's fleet.json that `fleet report --write` made (by name and by its shape)."""
+    if path.name != AGGREGATE_NAME:
         return False
-    return f'"tool": "{AGGREGATE_TOOL}"' in head
+    try:
+        with path.open("rb") as handle:
+            document = parse_document(handle.read(MAX_NODE_BYTES + 1).decode("utf-8", errors="replace"))
+    except (OSError, NodeDocumentError):
+        return False
+    return isinstance(document, dict) and document.get("tool") == AGGREGATE_TOOL and "nodes" in document
 
 
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _excerpt(value: object) -> str:
-    text = json.dumps(value, default=str)
+    try:
+        text = json.dumps(value, default=str)
+    except (RecursionError, ValueError):
+        text = repr(type(value))
     return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "..."

@@ -22,6 +22,9 @@ class NodeState(str, enum.Enum):
 # Matrix cells: a check's status upper-cased, or NO_RESULT where the node has no result for it.
 NO_RESULT = "-"
 STATUSES = ("pass", "warn", "fail", "skip")
+# The states a node file may state without doctor results (the playbook's stubs). "ready" and "failed" are never
+# taken from a file: only the doctor's results make a node ready or failed.
+STUB_STATES = (NodeState.UNREACHABLE.value, NodeState.NO_CHECKER.value, NodeState.ERROR.value)
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,9 @@ class Fleet:
 
     @property
     def ok(self) -> bool:
-        """True when every node is ready: reachable, checked, and nothing failed."""
-        return all(node.state is NodeState.READY for node in self.nodes)
+        """True when there are nodes and every one is ready: reachable, checked (at least one result), nothing
+        failed."""
+        return bool(self.nodes) and all(node.state is NodeState.READY and node.results for node in self.nodes)
 
     def node(self, host: str) -> NodeReport | None:
         return next((n for n in self.nodes if n.host == host), None)
