@@ -1,8 +1,11 @@
-"""Run GPU work in a child process with a hard timeout.
+"""Run GPU work, and every library load that could hang or crash, in a child process with a hard timeout.
 
-A hung NCCL call or a wedged GPU must become a `fail`, never a hang of the doctor: the child runs in
-its own process group (so ranks it spawns are killed with it) and prints one JSON object as its last
-line of stdout.
+A hung NCCL call, a wedged GPU, an NVML or NVRTC library that blocks in its constructor or segfaults must
+become a `fail`, never a hang or a crash of the doctor: the child runs in its own session and process group
+(so ranks and compilers it spawns are killed with it) and prints one JSON object as its last line of stdout.
+
+Every live child's process group is registered here, so that an interrupted doctor (Ctrl-C, SIGTERM) can
+kill them all at once with `kill_all()`; after that no new child starts.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+
+STEP_MARK = "sm120check-step: "  # a probe's stderr line naming what it does next (see `step`)
 
 
 @dataclass(frozen=True)
@@ -26,16 +32,141 @@ class ChildOutcome:
     timed_out: bool = False
     stderr_tail: str = ""
     seconds: float = 0.0
+    interrupted: bool = False  # the doctor was interrupted: the child was killed (or never started)
+
+    @property
+    def signal(self) -> str:
+        """The signal that killed the child ("SIGSEGV"), "" when it exited or timed out."""
+        if self.timed_out or self.returncode is None or self.returncode >= 0:
+            return ""
+        return signal_name(-self.returncode)
+
+    @property
+    def step(self) -> str:
+        """The last step the probe announced (`step()`) before it finished, hung or died; "" if none."""
+        steps = [line[len(STEP_MARK) :].strip() for line in self.stderr_tail.splitlines() if line.startswith(STEP_MARK)]
+        return steps[-1] if steps else ""
 
     @property
     def problem(self) -> str:
         """One line saying why the child did not deliver, for a result's summary."""
+        if self.interrupted:
+            return "was interrupted (the doctor was stopped; its process group was killed)"
         if self.timed_out:
             return f"timed out after {self.seconds:.0f} s (killed with its process group)"
+        if self.signal:
+            return f"was killed by {self.signal} (signal {-(self.returncode or 0)})"
         if self.returncode not in (0, None):
-            last = self.stderr_tail.strip().splitlines()[-1:] or ["no error output"]
-            return f"exited {self.returncode}: {last[0]}"
+            lines = [line for line in self.stderr_tail.strip().splitlines() if not line.startswith(STEP_MARK)]
+            return f"exited {self.returncode}: {(lines[-1:] or ['no error output'])[0]}"
         return "printed no JSON result"
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class _Children:
+    """The process groups of live children, and whether the doctor is stopping (no new child then)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.groups: set[int] = set()
+        self.stopping = False
+
+
+_CHILDREN = _Children()
+
+
+def kill_all() -> None:
+    """SIGKILL every live child's process group (the child and whatever it spawned); start no child after.
+
+    Safe to call from a signal handler in the main thread and more than once."""
+    with _CHILDREN.lock:
+        _CHILDREN.stopping = True
+        groups = list(_CHILDREN.groups)
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+
+
+def stopping() -> bool:
+    return _CHILDREN.stopping
+
+
+def live_groups() -> list[int]:
+    with _CHILDREN.lock:
+        return sorted(_CHILDREN.groups)
+
+
+@contextlib.contextmanager
+def _spawned(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Popen[str] | None]:
+    """Start `cmd` in its own session, registered for kill_all(); None when the doctor is stopping.
+    On leaving, the child's whole process group is killed (helpers it left behind included)."""
+    with _CHILDREN.lock:
+        if _CHILDREN.stopping:
+            proc = None
+        else:
+            proc = subprocess.Popen(
+                list(cmd),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+                env=dict(env),
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
+            )
+            _CHILDREN.groups.add(proc.pid)
+    if proc is None:
+        yield None
+        return
+    try:
+        yield proc
+    finally:
+        _kill_group(proc)
+        if proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        with _CHILDREN.lock:
+            _CHILDREN.groups.discard(proc.pid)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int  # 124 timed out, 127 did not start, 130 the doctor is stopping
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+
+    @property
+    def text(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_command(cmd: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None) -> CommandResult:
+    """Run a command (nvcc, a fresh interpreter) like run_probe: in its own process group, killed whole at
+    the timeout or when the doctor stops. `env` is the whole environment (default: the doctor's)."""
+    try:
+        with _spawned(cmd, dict(os.environ) if env is None else env) as proc:
+            if proc is None:
+                return CommandResult(130, stderr=f"{cmd[0]} not started: the doctor is stopping")
+            try:
+                out, err = proc.communicate(timeout=max(timeout, 0.01))
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                out, err = proc.communicate()
+                return CommandResult(
+                    124, out, f"{cmd[0]} did not answer in {timeout:.0f} s (killed with its process group)", True
+                )
+    except OSError as exc:
+        return CommandResult(127, stderr=str(exc))
+    if _CHILDREN.stopping and proc.returncode == -signal.SIGKILL:
+        return CommandResult(130, out, err + f"\n{cmd[0]} killed: the doctor is stopping")
+    return CommandResult(proc.returncode, out, err)
 
 
 def run_probe(
@@ -52,33 +183,23 @@ def run_probe(
     if env:
         child_env.update(env)
     start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env,
-        start_new_session=True,
-        preexec_fn=die_with_parent if sys.platform == "linux" else None,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        out, err = proc.communicate()
-        return ChildOutcome(
-            ok=False,
-            returncode=proc.returncode,
-            timed_out=True,
-            stderr_tail=err[-4000:],
-            seconds=time.monotonic() - start,
-        )
-    finally:
-        if proc.poll() is None:
+    with _spawned(cmd, env=child_env) as proc:
+        if proc is None:
+            return ChildOutcome(ok=False, interrupted=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
             _kill_group(proc)
-    # The child's own process group may hold helpers (ranks) that outlived it: end them too.
-    _kill_group(proc)
+            out, err = proc.communicate()
+            return ChildOutcome(
+                ok=False,
+                returncode=proc.returncode,
+                timed_out=True,
+                stderr_tail=err[-4000:],
+                seconds=time.monotonic() - start,
+                interrupted=_CHILDREN.stopping,
+            )
+    # The child's own process group may hold helpers (ranks) that outlived it: _spawned ended them too.
     seconds = time.monotonic() - start
     data = _last_json(out)
     return ChildOutcome(
@@ -87,6 +208,7 @@ def run_probe(
         returncode=proc.returncode,
         stderr_tail=err[-4000:],
         seconds=seconds,
+        interrupted=_CHILDREN.stopping and proc.returncode == -signal.SIGKILL,
     )
 
 
@@ -119,6 +241,13 @@ def _last_json(out: str) -> dict[str, object] | None:
                 return None
             return value if isinstance(value, dict) else None
     return None
+
+
+def step(text: str) -> None:
+    """Called by probe modules before a step that may hang or crash (an import, a dlopen, a library call):
+    the parent reads the last one from stderr when the child times out or dies (ChildOutcome.step)."""
+    sys.stderr.write(f"{STEP_MARK}{text}\n")
+    sys.stderr.flush()
 
 
 def emit(data: Mapping[str, object]) -> None:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import inspect
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
 from sm120check import __version__, manifest
-from sm120check.doctor import report, runner
+from sm120check.doctor import child, report, runner
 from sm120check.doctor.checks import all_checks
 from sm120check.doctor.model import Check, Context
 
@@ -114,9 +117,33 @@ def main(args: argparse.Namespace) -> int:
         ctx = build_context(args)
     except (runner.SelectionError, ValueError) as exc:
         return _usage(str(exc))
+    for path in (args.junit, args.prometheus):  # now, not after minutes of checks
+        if path is not None and (problem := report.output_problem(path)):
+            return _usage(f"cannot write the report: {problem}")
+    # Ctrl-C and SIGTERM (a `timeout`, systemd, Ansible) kill every child process group and stop the run;
+    # the report of what finished is still printed (exit 130 / 143). A second signal exits at once.
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, runner.on_signal) for sig in _SIGNALS} if on_main else {}
+    try:
+        return _run(args, chosen, ctx)
+    except (runner.Stopped, KeyboardInterrupt) as exc:  # outside the checks: nothing ran, or nothing to report
+        return 128 + (exc.signum if isinstance(exc, runner.Stopped) else int(signal.SIGINT))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _run(args: argparse.Namespace, chosen: list[Check], ctx: Context) -> int:
     started_epoch = time.time()
     start = time.monotonic()
-    results = runner.run(chosen, ctx)
+    signum = 0
+    try:
+        results = runner.run(chosen, ctx)
+    except runner.Interrupted as stopped:  # Ctrl-C or SIGTERM: the children are dead; report what finished
+        results, signum = stopped.results, stopped.signum
     info = report.RunInfo(
         host=socket.gethostname(),
         version=__version__,
@@ -125,21 +152,31 @@ def main(args: argparse.Namespace) -> int:
         level=args.level,
         manifest=str(ctx.manifest.path) if ctx.manifest else "",
         started_epoch=started_epoch,
+        interrupted=child.signal_name(signum) if signum else "",
     )
-    sys.stdout.write(report.to_json(results, info) if args.json else report.table(results, info))
-    try:
+    code = runner.exit_code(results)
+    try:  # the files first: a closed, gone or full stdout must not cost them
         if args.junit:
             _write(args.junit, report.to_junit(results, info))
         if args.prometheus:
             _write(args.prometheus, report.to_prometheus(results, info))
     except OSError as exc:
-        print(f"sm120check doctor: cannot write report: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    return runner.exit_code(results)
+        print(f"sm120check doctor: cannot write report {exc.filename}: {exc.strerror}", file=sys.stderr)
+        code = EXIT_USAGE
+    if problem := report.write_stdout(report.to_json(results, info) if args.json else report.table(results, info)):
+        print(f"sm120check doctor: {problem}", file=sys.stderr)
+    if signum:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed or gone stream must not cost the exit status
+                if stream is sys.stderr:
+                    print(f"sm120check doctor: interrupted by {info.interrupted}", file=stream)
+                stream.flush()
+        # Not a return: a check still running in-process (not in a child) would keep the interpreter's exit
+        # waiting for its worker thread; every child process group is already killed.
+        os._exit(128 + signum)
+    return code
 
 
 def _write(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so node_exporter never reads half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    report.write_file(path, text)

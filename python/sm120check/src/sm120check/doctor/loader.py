@@ -5,9 +5,10 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from sm120check.doctor import child
 
 # Library families the ABI checks follow: name stem -> what it is.
 TRACKED = ("libnvrtc", "libcudart", "libnccl", "libcuda")
@@ -32,11 +33,10 @@ def parse_ldconfig(text: str) -> dict[str, list[str]]:
 
 def ldconfig_cache() -> dict[str, list[str]]:
     for binary in ("/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"):
-        try:
-            out = subprocess.run([binary, "-p"], capture_output=True, text=True, timeout=10, check=False)
-        except (OSError, subprocess.TimeoutExpired):
+        done = child.run_command([binary, "-p"], timeout=10)  # own process group, killed when the doctor stops
+        if done.returncode in (124, 127, 130) and not done.stdout:
             continue
-        return parse_ldconfig(out.stdout)
+        return parse_ldconfig(done.stdout)
     return {}
 
 

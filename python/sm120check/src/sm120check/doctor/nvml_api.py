@@ -1,10 +1,22 @@
-"""The driver's view through NVML: pynvml when importable, else ctypes on libnvidia-ml.so.1."""
+"""The driver's view through NVML: pynvml when importable, else ctypes on libnvidia-ml.so.1.
+
+`read()` loads NVML into the calling process: only the probe `probes/nvml_info.py` calls it, in a child
+process with a hard timeout, so that a pynvml that hangs on import or a libnvidia-ml that blocks or
+segfaults cannot take the doctor down. `step` is told what is about to happen (the import, the dlopen,
+each NVML call), so a hang or a crash can be reported with the step it happened in.
+"""
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+import importlib.util
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
+
+from sm120check.doctor import loader
+
+SONAME = "libnvidia-ml.so.1"
 
 
 class NvmlUnavailable(RuntimeError):
@@ -28,26 +40,60 @@ class NvmlInfo:
     backend: str  # "pynvml" or "ctypes"
 
 
-def read() -> NvmlInfo:
+def _quiet(text: str) -> None:
+    pass
+
+
+def read(step: Callable[[str], None] = _quiet) -> NvmlInfo:
+    try:
+        spec = importlib.util.find_spec("pynvml")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return _read_ctypes(step)
+    step(f"import pynvml (from {spec.origin})")
     try:
         import pynvml
     except ImportError:
-        return _read_ctypes()
-    return _read_pynvml(pynvml)
+        return _read_ctypes(step)
+    return _read_pynvml(pynvml, step)
+
+
+def to_dict(info: NvmlInfo) -> dict[str, object]:
+    return asdict(info)
+
+
+def from_dict(data: Mapping[str, Any]) -> NvmlInfo:
+    """The inverse of to_dict, from a probe's JSON; KeyError/TypeError/ValueError when it is malformed."""
+    gpus = tuple(
+        Gpu(
+            int(g["index"]),
+            str(g["name"]),
+            (int(g["cc"][0]), int(g["cc"][1])),
+            None if g.get("persistence") is None else bool(g["persistence"]),
+            str(g.get("bus_id", "")),
+        )
+        for g in data["gpus"]
+    )
+    return NvmlInfo(str(data["driver"]), int(data["cuda_driver"]), gpus, str(data["backend"]))
 
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _read_pynvml(pynvml: Any) -> NvmlInfo:
+def _read_pynvml(pynvml: Any, step: Callable[[str], None] = _quiet) -> NvmlInfo:
+    where = f"pynvml ({getattr(pynvml, '__file__', '?')})"
+    step(f"nvmlInit in {where}")
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # pynvml raises its own NVMLError subclasses
         raise NvmlUnavailable(f"nvmlInit failed: {exc}") from None
     try:
         gpus = []
+        step(f"nvmlDeviceGetCount in {where}")
         for index in range(pynvml.nvmlDeviceGetCount()):
+            step(f"GPU {index} queries in {where}")
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             try:
@@ -56,6 +102,7 @@ def _read_pynvml(pynvml: Any) -> NvmlInfo:
                 persistence = None
             bus = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
             gpus.append(Gpu(index, _text(pynvml.nvmlDeviceGetName(handle)), (major, minor), persistence, bus))
+        step(f"nvmlSystemGetDriverVersion in {where}")
         return NvmlInfo(
             driver=_text(pynvml.nvmlSystemGetDriverVersion()),
             cuda_driver=int(pynvml.nvmlSystemGetCudaDriverVersion()),
@@ -63,6 +110,7 @@ def _read_pynvml(pynvml: Any) -> NvmlInfo:
             backend="pynvml",
         )
     finally:
+        step(f"nvmlShutdown in {where}")
         pynvml.nvmlShutdown()
 
 
@@ -78,13 +126,16 @@ class _PciInfo(ctypes.Structure):
     ]
 
 
-def _read_ctypes() -> NvmlInfo:
+def _read_ctypes(step: Callable[[str], None] = _quiet) -> NvmlInfo:
+    step(f"dlopen {SONAME}")
     try:
-        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        lib = ctypes.CDLL(SONAME)
     except OSError as exc:
-        raise NvmlUnavailable(f"libnvidia-ml.so.1 does not load: {exc}") from None
+        raise NvmlUnavailable(f"{SONAME} does not load: {exc}") from None
+    where = loader.dlopen_path(lib) or SONAME
 
     def call(func: str, *args: object) -> None:
+        step(f"{func} in {where}")
         code = int(getattr(lib, func)(*args))
         if code != 0:
             text = lib.nvmlErrorString
@@ -108,10 +159,12 @@ def _read_ctypes() -> NvmlInfo:
             major, minor = ctypes.c_int(), ctypes.c_int()
             call("nvmlDeviceGetCudaComputeCapability", handle, ctypes.byref(major), ctypes.byref(minor))
             mode = ctypes.c_int()
+            step(f"nvmlDeviceGetPersistenceMode, nvmlDeviceGetPciInfo_v3 (GPU {index}) in {where}")
             persistence = None if lib.nvmlDeviceGetPersistenceMode(handle, ctypes.byref(mode)) else mode.value == 1
             pci = _PciInfo()
             bus = _text(pci.busId) if lib.nvmlDeviceGetPciInfo_v3(handle, ctypes.byref(pci)) == 0 else ""
             gpus.append(Gpu(index, _text(name.value), (major.value, minor.value), persistence, bus))
         return NvmlInfo(_text(version.value), cuda.value, tuple(gpus), "ctypes")
     finally:
+        step(f"nvmlShutdown in {where}")
         lib.nvmlShutdown()

@@ -1,12 +1,19 @@
-"""NVRTC through ctypes, opened by soname the way sgl_kernel opens it."""
+"""NVRTC through ctypes, opened by soname the way sgl_kernel opens it.
+
+The doctor itself never opens NVRTC: the probe `probes/nvrtc_info.py` does, in a child process with a
+hard timeout (a library whose constructor blocks, or that segfaults, must not take the doctor down).
+`probe()` runs that child and turns its answer back into an `Opened` and `Compiled` values.
+"""
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from sm120check.doctor import loader
+from sm120check.doctor import child, loader
 
 SONAME = "libnvrtc.so.13"
 
@@ -110,6 +117,75 @@ class Nvrtc:
         buffer = ctypes.create_string_buffer(size.value)
         self.lib.nvrtcGetProgramLog(prog, buffer)
         return buffer.value.decode(errors="replace").strip()
+
+
+PROBE = "sm120check.doctor.probes.nvrtc_info"
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What the NVRTC probe found: the file libnvrtc.so.13 resolved to, its version and architectures."""
+
+    path: str
+    version: tuple[int, int] | None = None  # None: nvrtcVersion failed
+    archs: tuple[int, ...] = ()
+    compiled: tuple[Compiled, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """The NVRTC probe's answer: `opened` when the library loaded, else `open_error`; `problem` (and the
+    `step` it happened in) when the probe hung, crashed or printed nothing."""
+
+    opened: Opened | None = None
+    open_error: str = ""
+    problem: str = ""
+    step: str = ""
+    stderr_tail: str = ""
+    interrupted: bool = False
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+def answer_from(data: Mapping[str, object]) -> ProbeAnswer:
+    """The probe's JSON -> ProbeAnswer (pure; a malformed answer is a problem, not an exception)."""
+    if "open_error" in data:
+        return ProbeAnswer(open_error=str(data["open_error"]))
+    try:
+        version = data.get("version")
+        compiled = tuple(
+            Compiled(
+                str(c["arch"]),
+                bool(c["ok"]),
+                int(c["code"]),
+                base64.b64decode(str(c.get("cubin", ""))),
+                str(c.get("log", "")),
+                float(c.get("seconds", 0.0)),
+            )
+            for c in data.get("compiled", []) or []  # type: ignore[attr-defined]
+        )
+        opened = Opened(
+            str(data.get("path") or ""),
+            (int(version[0]), int(version[1])) if isinstance(version, list) else None,  # type: ignore[call-overload]
+            tuple(int(a) for a in data.get("archs", []) or []),  # type: ignore[attr-defined]
+            compiled,
+        )
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        return ProbeAnswer(problem=f"printed a malformed answer ({exc!r})")
+    return ProbeAnswer(opened=opened)
+
+
+def probe(timeout: float, compile_for: Sequence[str] = ()) -> ProbeAnswer:
+    """Open NVRTC (and compile the test kernel for `compile_for`) in the probe child, bounded by `timeout`."""
+    args = ["--compile", ",".join(compile_for)] if compile_for else []
+    outcome = child.run_probe(PROBE, args, timeout=timeout)
+    if not outcome.ok:
+        return ProbeAnswer(
+            problem=outcome.problem,
+            step=outcome.step,
+            stderr_tail=outcome.stderr_tail,
+            interrupted=outcome.interrupted,
+        )
+    return answer_from(outcome.data)
 
 
 def arch_of(major: int, minor: int) -> str:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from sm120check.doctor.model import Result, Status
+from sm120check.safetext import xml_text
 
 JSON_SCHEMA = 1  # bump when a field changes meaning or disappears; adding fields keeps it
 
@@ -22,6 +28,12 @@ class RunInfo:
     level: int
     manifest: str  # path of the manifest read, "" when none
     started_epoch: float = 0.0
+    interrupted: str = ""  # "SIGINT" / "SIGTERM" when the run was stopped before every check finished
+
+
+def unfinished(results: Sequence[Result]) -> list[str]:
+    """Ids of the checks an interrupted run did not finish."""
+    return [r.id for r in results if r.data.get("interrupted")]
 
 
 def counts(results: Sequence[Result]) -> dict[str, int]:
@@ -52,6 +64,9 @@ def table(results: Sequence[Result], info: RunInfo) -> str:
                     pad = " " * (width + 10)
                     lines.append(f"{pad}{label}: {body[0]}")
                     lines.extend(f"{pad}  {more}" for more in body[1:])
+    if info.interrupted:
+        left = unfinished(results)
+        lines.append(f"interrupted by {info.interrupted}: {len(left)} check(s) did not finish ({', '.join(left)})")
     lines.append(tally_line(results, info.seconds))
     return "\n".join(lines) + "\n"
 
@@ -84,6 +99,8 @@ def to_json(results: Sequence[Result], info: RunInfo) -> str:
         "results": [result_dict(r) for r in results],
         "summary": counts(results),
     }
+    if info.interrupted:  # only then: a finished run's document is unchanged
+        document["interrupted"] = {"signal": info.interrupted, "unfinished": unfinished(results)}
     return json.dumps(document, indent=2, default=str) + "\n"
 
 
@@ -98,24 +115,27 @@ def to_junit(results: Sequence[Result], info: RunInfo) -> str:
         errors="0",
         skipped=str(tally["skip"]),
         time=f"{info.seconds:.3f}",
-        timestamp=info.started,
-        hostname=info.host,
+        timestamp=xml_text(info.started),
+        hostname=xml_text(info.host),
     )
     for result in results:
         case = ET.SubElement(
             suite,
             "testcase",
-            classname=f"sm120check.{result.family or 'doctor'}",
-            name=result.id,
+            classname=xml_text(f"sm120check.{result.family or 'doctor'}"),
+            name=xml_text(result.id),
             time=f"{result.seconds:.3f}",
         )
+        # Probe output carries ANSI colours and control characters that XML 1.0 forbids: without this the file is
+        # not well-formed and CI rejects the whole report.
         evidence = "\n".join(t for t in (result.details, f"remedy: {result.remedy}" if result.remedy else "") if t)
+        evidence, summary = xml_text(evidence), xml_text(result.summary)
         if result.status is Status.FAIL:
-            ET.SubElement(case, "failure", message=result.summary, type="fail").text = evidence
+            ET.SubElement(case, "failure", message=summary, type="fail").text = evidence
         elif result.status is Status.SKIP:
-            ET.SubElement(case, "skipped", message=result.summary)
+            ET.SubElement(case, "skipped", message=summary)
         elif result.status is Status.WARN:
-            ET.SubElement(case, "system-out").text = f"WARN: {result.summary}\n{evidence}".rstrip()
+            ET.SubElement(case, "system-out").text = f"WARN: {summary}\n{evidence}".rstrip()
     root = ET.Element("testsuites", name="sm120check", tests=str(tally["total"]), failures=str(tally["fail"]))
     root.append(suite)
     ET.indent(root)
@@ -183,3 +203,72 @@ def to_prometheus(results: Sequence[Result], info: RunInfo) -> str:
         f'sm120check_info{{version="{_label(info.version)}",host="{_label(info.host)}"}} 1',
     ]
     return "\n".join(out) + "\n"
+
+
+# --- report files and stdout: the files are the record (cron, node_exporter), stdout is for whoever watches ---
+
+REPORT_FILE_MODE = 0o644  # node_exporter reads the textfile as its own user
+
+
+def output_problem(path: Path) -> str:
+    """Why a report file cannot be written at `path` ("" when it can), found before any check runs: the target is
+    not a directory, its directory exists, and a file can be created there (read-only file systems, permissions)."""
+    if path.is_dir():
+        return f"{path} is a directory; give a file name"
+    parent = path.parent
+    if not parent.is_dir():
+        return f"{path}: the directory {parent} does not exist"
+    try:
+        handle, probe = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".probe")
+    except OSError as exc:
+        return f"{path} cannot be written: {exc.strerror or exc}"
+    os.close(handle)
+    with contextlib.suppress(OSError):
+        Path(probe).unlink()
+    return ""
+
+
+def write_file(path: Path, text: str) -> None:
+    """Write atomically (a new temporary file in the same directory, then rename): readers see the old file or the
+    new one, never half of one, and nothing is left behind on failure. An OSError names `path`, not the temporary."""
+    tmp: Path | None = None
+    try:
+        handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = Path(name)
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fchmod(stream.fileno(), REPORT_FILE_MODE)
+        tmp.replace(path)
+    except OSError as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+def write_stdout(text: str) -> str:
+    """Print the report; "" when done or when the reader is gone (a closed pipe is harmless: the files are written),
+    else why stdout could not take it (closed, full). Never raises."""
+    stream = sys.stdout
+    if stream is None:
+        return "stdout is closed"
+    try:
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+        return ""
+    except (OSError, ValueError) as exc:
+        _silence_stdout()
+        return f"cannot write to stdout: {getattr(exc, 'strerror', None) or exc}"
+    return ""
+
+
+def _silence_stdout() -> None:
+    """Point stdout's descriptor at /dev/null, so the interpreter's last flush does not fail again (which would
+    print a traceback and exit 120)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

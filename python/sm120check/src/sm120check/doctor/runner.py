@@ -6,17 +6,69 @@ is level, then the family order of CHECK_MODULES, then the order inside a family
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 
+from sm120check.doctor import child
 from sm120check.doctor.model import Check, Context, Result, Status
 
 
 class SelectionError(ValueError):
     """--select or --skip named a check that does not exist; the message lists the valid ids."""
+
+
+class Stopped(BaseException):
+    """Raised in the main thread by the doctor's SIGTERM handler (SIGINT raises KeyboardInterrupt).
+
+    A BaseException, like KeyboardInterrupt, so that no check's `except Exception` swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Interrupted(BaseException):
+    """run() was stopped by SIGINT or SIGTERM: every child process group is killed; `results` holds one
+    result per check, those that did not finish marked interrupted (status skip, data interrupted=True)."""
+
+    def __init__(self, signum: int, results: list[Result]) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.results = results
+
+
+def on_signal(signum: int, frame: object) -> None:
+    """The doctor's SIGINT and SIGTERM handler (the CLI installs it; run() does after a plain KeyboardInterrupt).
+
+    The first signal kills every child process group at once, here in the handler (so no exception handling
+    can skip it), then raises KeyboardInterrupt or Stopped: run() reports what finished. A second signal,
+    while the doctor is already stopping, kills the children again and exits at once."""
+    first = not child.stopping()
+    child.kill_all()
+    if not first:
+        os._exit(128 + signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Stopped(signum)
+
+
+def interrupted_result(check: Check, signame: str) -> Result:
+    return Result(
+        check.id,
+        Status.SKIP,
+        f"interrupted by {signame} before it finished",
+        details="the doctor was stopped; the check's child processes were killed with their process groups",
+        remedy="run the doctor again and let it finish",
+        data={"interrupted": True},
+        family=check.family,
+        level=check.level,
+    )
 
 
 def plan(
@@ -72,21 +124,52 @@ def run(
             raise ValueError(f"check {check.id!r} is ordered before its prerequisite(s) {late}")
     concurrent = [check for check in checks if check.level < 3]
     results: list[Result] = []
-    with ThreadPoolExecutor(max_workers=max(1, len(concurrent))) as pool:
-        futures: dict[str, Future[Result]] = {}
+    pool = ThreadPoolExecutor(max_workers=max(1, len(concurrent)))
+    futures: dict[str, Future[Result]] = {}
+    try:
         for check in concurrent:
             waits = [futures[r] for r in check.requires if r in futures]
             futures[check.id] = pool.submit(_after, waits, check, ctx)
         for check in concurrent:
-            results.append(futures[check.id].result())
+            results.append(_result(futures[check.id]))
             if on_result is not None:
                 on_result(results[-1])
-    for check in checks:
-        if check.level >= 3:
-            results.append(_timed(check, ctx))
-            if on_result is not None:
-                on_result(results[-1])
+        pool.shutdown(wait=True)
+        for check in checks:
+            if check.level >= 3:
+                results.append(_timed(check, ctx))
+                if on_result is not None:
+                    on_result(results[-1])
+    except (KeyboardInterrupt, Stopped) as exc:
+        child.kill_all()  # every probe, nvcc and their helpers (if on_signal did not yet): running checks return
+        signum = exc.signum if isinstance(exc, Stopped) else int(signal.SIGINT)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, on_signal)  # from now on a signal exits at once
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise Interrupted(signum, _partial(checks, ctx, signum)) from None
     return results
+
+
+def _result(future: Future[Result]) -> Result:
+    """future.result(), waking every 0.2 s: a signal the kernel hands to a worker thread only sets a flag, and
+    the main thread runs the Python handler (Ctrl-C, SIGTERM) only when it runs; blocked in an untimed lock wait
+    it would never see the signal."""
+    while not wait([future], timeout=0.2).done:
+        pass
+    return future.result()
+
+
+def _partial(checks: Sequence[Check], ctx: Context, signum: int) -> list[Result]:
+    """One result per check after an interruption: those that finished before it, the rest interrupted."""
+    done = dict(ctx.results)
+    signame = child.signal_name(signum)
+    return [
+        done[check.id]
+        if check.id in done and not done[check.id].data.get("interrupted")
+        else interrupted_result(check, signame)
+        for check in checks
+    ]
 
 
 def _after(waits: Sequence[Future[Result]], check: Check, ctx: Context) -> Result:
@@ -99,6 +182,8 @@ def _timed(check: Check, ctx: Context) -> Result:
     start = time.monotonic()
     blocked = _blocked_by(check, ctx)
     result = blocked if blocked is not None else _run_one(check, ctx)
+    if child.stopping() and result.status in (Status.FAIL, Status.SKIP):  # children killed under it: no verdict
+        result = replace(result, data={**result.data, "interrupted": True})
     result = replace(result, id=check.id, family=check.family, level=check.level, seconds=time.monotonic() - start)
     ctx.results[check.id] = result
     return result

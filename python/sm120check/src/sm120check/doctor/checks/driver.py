@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check.doctor import nvml_api, remedies, versions
+from sm120check.doctor import child, nvml_api, remedies, versions
 from sm120check.doctor.model import Context, Result, Status
 
 CUDA13_DRIVER_MIN = "580.65.06"  # CUDA 13.0's minimum Linux driver
+NVML_PROBE = "sm120check.doctor.probes.nvml_info"
+NVML_TIMEOUT = 30.0  # NVML reads take well under a second; a GPU off the bus can make nvmlInit slow, not this slow
 PROC_VERSION = Path("/proc/driver/nvidia/version")
 _PROC_DRIVER = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 
@@ -112,6 +114,38 @@ def driver_verdict(
     return Result("driver", Status.PASS, summary, details=details, data=data)
 
 
+def nvml_probe_verdict(problem: str, step: str, stderr_tail: str, proc_text: str | None) -> Result:
+    """The verdict when the NVML probe hung or died (timeout, signal, no JSON): always a FAIL, whether or not
+    /proc shows a driver, since a library that hangs or crashes on load also hangs or crashes what uses it."""
+    during = f" during {step}" if step else ""
+    evidence = [f"the NVML probe (python -m {NVML_PROBE}) {problem}{during}"]
+    if proc_text:
+        evidence.append(proc_text.strip().splitlines()[0])
+    lines = [line for line in stderr_tail.strip().splitlines() if not line.startswith(child.STEP_MARK)]
+    if lines:
+        evidence.append("\n".join(lines[-10:]))
+    hung = "hung" if "timed out" in problem else ("crashed" if "killed by" in problem else "failed")
+    return Result(
+        "driver",
+        Status.FAIL,
+        f"NVML {hung}{during}: the probe {problem}",
+        details="\n".join(evidence),
+        remedy="a pynvml on the path or a libnvidia-ml.so.1 that hangs or crashes on load: find it from the step "
+        "above (`python -c 'import pynvml; print(pynvml.__file__)'`, `ldconfig -p | grep nvidia-ml`), remove or "
+        "reinstall it; a GPU off the bus (`dmesg | grep -i xid`) needs a reset or a reboot",
+    )
+
+
+def nvml_answer(data: Mapping[str, object]) -> tuple[nvml_api.NvmlInfo | None, str]:
+    """The NVML probe's JSON -> (info, "") when NVML answered, (None, why) when it could not be loaded."""
+    if "info" in data:
+        try:
+            return nvml_api.from_dict(data["info"]), ""  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            return None, f"the NVML probe's answer is malformed: {exc!r}"
+    return None, str(data.get("error", "the NVML probe gave no answer"))
+
+
 class DriverCheck:
     """The NVIDIA driver is loaded, >= the manifest's driver_min; NVML lists the GPUs and compute capabilities."""
 
@@ -125,11 +159,10 @@ class DriverCheck:
             proc_text: str | None = PROC_VERSION.read_text(encoding="utf-8", errors="replace")
         except OSError:
             proc_text = None
-        info, error = None, ""
-        try:
-            info = nvml_api.read()
-        except nvml_api.NvmlUnavailable as exc:
-            error = str(exc)
+        outcome = child.run_probe(NVML_PROBE, timeout=min(ctx.timeout, NVML_TIMEOUT))
+        if not outcome.ok:
+            return nvml_probe_verdict(outcome.problem, outcome.step, outcome.stderr_tail, proc_text)
+        info, error = nvml_answer(outcome.data)
         if ctx.manifest is not None and ctx.manifest.driver_min:
             driver_min, source = ctx.manifest.driver_min, f"manifest {ctx.manifest.path}"
         else:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check.doctor import remedies, stackenv
+from sm120check.doctor import child, remedies, stackenv
 from sm120check.doctor.model import Context, Result, Status
 
 HOOK_MODULE = "sm120kit_env"
@@ -32,18 +31,7 @@ print(json.dumps({
 def fresh_interpreter(python: str, drop: Sequence[str], timeout: float) -> tuple[dict[str, object] | None, str]:
     """Start `python` with the manifest's variables removed, so only its start-up hook can set them."""
     env = {k: v for k, v in os.environ.items() if k not in set(drop) and k != "SM120KIT_ENV"}
-    try:
-        proc = subprocess.run(
-            [python, "-c", _PROBE],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, str(exc)
+    proc = child.run_command([python, "-c", _PROBE], timeout=timeout, env=env)  # own process group, killed whole
     if proc.returncode != 0:
         return None, proc.stderr.strip()[-2000:]
     try:

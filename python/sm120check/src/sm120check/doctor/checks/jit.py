@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from sm120check.doctor import child, nvrtc_api, remedies
+from sm120check.doctor.checks.nvrtc import nvrtc_probe_verdict
 from sm120check.doctor.model import Context, Result, Status
 
 TARGETS = ("sm_120", "sm_120a", "sm_120f")
@@ -80,8 +81,11 @@ class Sm120JitCheck:
     requires: ClassVar[tuple[str, ...]] = ("nvrtc",)
 
     def run(self, ctx: Context) -> Result:
-        nvrtc = nvrtc_api.Nvrtc.open()
-        compiled = [nvrtc.compile(arch) for arch in TARGETS]
+        answer = nvrtc_api.probe(ctx.timeout, TARGETS)  # NVRTC loads and compiles in a child, never in the doctor
+        if answer.problem or answer.opened is None:
+            problem = answer.problem or f"found no {nvrtc_api.SONAME}: {answer.open_error}"
+            return nvrtc_probe_verdict(self.id, problem, answer.step, answer.stderr_tail, ())
+        compiled = list(answer.opened.compiled)
         driver = ctx.results.get("driver")
         has_gpu = (
             driver is not None and driver.status in (Status.PASS, Status.WARN) and bool(driver.data.get("gpu_count"))

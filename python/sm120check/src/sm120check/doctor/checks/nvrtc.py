@@ -6,8 +6,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check.doctor import loader, nvrtc_api, remedies, stackenv
+from sm120check.doctor import child, loader, nvrtc_api, remedies, stackenv
 from sm120check.doctor.model import Context, Result, Status
+
+NVRTC_TIMEOUT = 30.0  # opening NVRTC and asking its version takes milliseconds
 
 # Where the PyPI CUDA wheels put NVRTC, relative to site-packages (CUDA 13 and CUDA 12 layouts).
 WHEEL_COPIES = ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
@@ -19,7 +21,7 @@ def wheel_copies(site_dirs: Sequence[Path]) -> list[str]:
 
 
 def nvrtc_verdict(
-    opened: nvrtc_api.Nvrtc | None,
+    opened: nvrtc_api.Opened | None,
     open_error: str,
     version: tuple[int, int] | None,
     archs: Sequence[int],
@@ -81,6 +83,27 @@ def nvrtc_verdict(
     )
 
 
+def nvrtc_probe_verdict(check_id: str, problem: str, step: str, stderr_tail: str, copies: Sequence[str]) -> Result:
+    """The verdict when the NVRTC probe hung or died (timeout, signal, no JSON): a FAIL naming the step."""
+    during = f" during {step}" if step else ""
+    hung = "hung" if "timed out" in problem else ("crashed" if "killed by" in problem else "failed")
+    lines = [line for line in stderr_tail.strip().splitlines() if not line.startswith(child.STEP_MARK)]
+    evidence = [f"the NVRTC probe (python -m {nvrtc_api.PROBE}) {problem}{during}"]
+    if lines:
+        evidence.append("\n".join(lines[-10:]))
+    if copies:
+        evidence.append(f"copies on disk: {', '.join(copies)}")
+    return Result(
+        check_id,
+        Status.FAIL,
+        f"{nvrtc_api.SONAME} {hung}{during}: the probe {problem}",
+        details="\n".join(evidence),
+        remedy=f"the {nvrtc_api.SONAME} the loader finds (LD_LIBRARY_PATH, `ldconfig -p | grep nvrtc`) hangs or "
+        f"crashes when loaded: remove it from the loader path, then {FIX}",
+        data={"wheel_copies": list(copies)},
+    )
+
+
 class NvrtcCheck:
     """libnvrtc.so.13 loads by soname, is NVRTC 13.x, lists 120 among its architectures; shows which file it is."""
 
@@ -94,16 +117,13 @@ class NvrtcCheck:
         m = ctx.manifest
         want_dir = m.cuda.get("lib_dir", "") if m else ""
         want_version = m.cuda.get("nvrtc", "") if m else ""
-        try:
-            opened = nvrtc_api.Nvrtc.open()
-        except OSError as exc:
-            return nvrtc_verdict(None, str(exc), None, (), copies, want_dir, want_version)
-        try:
-            version: tuple[int, int] | None = opened.version()
-            archs = opened.supported_archs()
-        except (nvrtc_api.NvrtcError, AttributeError):
-            version, archs = None, []
-        return nvrtc_verdict(opened, "", version, archs, copies, want_dir, want_version)
+        answer = nvrtc_api.probe(min(ctx.timeout, NVRTC_TIMEOUT))
+        if answer.problem:
+            return nvrtc_probe_verdict(self.id, answer.problem, answer.step, answer.stderr_tail, copies)
+        opened = answer.opened
+        if opened is None:
+            return nvrtc_verdict(None, answer.open_error, None, (), copies, want_dir, want_version)
+        return nvrtc_verdict(opened, "", opened.version, opened.archs, copies, want_dir, want_version)
 
 
 CHECKS = (NvrtcCheck,)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check.doctor import remedies
+from sm120check.doctor import child, remedies
 from sm120check.doctor.model import Context, Result, Status
 
 _NVCC_VERSION = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")
@@ -49,14 +49,13 @@ def parse_nvcc_version(text: str) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
-def _run(cmd: list[str], timeout: float = 20) -> tuple[int, str]:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return 124, f"{cmd[0]} did not answer in {timeout:.0f} s"
-    except OSError as exc:
-        return 127, str(exc)
-    return proc.returncode, proc.stdout + proc.stderr
+NVCC_QUERY_TIMEOUT = 20.0  # `nvcc --version` and `--list-gpu-code` together, at most (and never above --timeout)
+
+
+def _run(cmd: list[str], timeout: float = NVCC_QUERY_TIMEOUT) -> tuple[int, str]:
+    """Run nvcc in its own process group (killed whole at the timeout or when the doctor stops)."""
+    done = child.run_command(cmd, timeout=timeout)
+    return done.returncode, done.text
 
 
 def toolkit_verdict(
@@ -144,8 +143,10 @@ class ToolkitCheck:
         version_out = codes = None
         if home.path:
             nvcc = f"{home.path}/bin/nvcc"
-            version_out = _run([nvcc, "--version"])
-            codes = _run([nvcc, "--list-gpu-code"])
+            deadline = time.monotonic() + min(ctx.timeout, NVCC_QUERY_TIMEOUT)
+            version_out = _run([nvcc, "--version"], timeout=deadline - time.monotonic())
+            if version_out[0] == 0:  # a hung or broken nvcc fails the check on its own: not asked twice
+                codes = _run([nvcc, "--list-gpu-code"], timeout=deadline - time.monotonic())
         m = ctx.manifest
         want_nvcc = m.cuda.get("nvcc", "") if m else ""
         want_home = (m.cuda.get("link") or m.cuda.get("home", "")) if m else ""

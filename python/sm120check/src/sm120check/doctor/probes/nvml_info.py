@@ -1,0 +1,27 @@
+"""Probe (child process): read the driver through NVML (pynvml, else ctypes on libnvidia-ml.so.1).
+Prints one JSON line: {"info": {...}} or {"error": "..."}; announces each step on stderr first.
+
+    python -m sm120check.doctor.probes.nvml_info
+
+NVML runs here, not in the doctor, so that a pynvml that hangs on import, an NVML call on a GPU that fell
+off the bus or a library that segfaults ends as a verdict (the parent's timeout, the signal) instead of
+hanging or killing the doctor.
+"""
+
+from __future__ import annotations
+
+from sm120check.doctor import nvml_api
+from sm120check.doctor.child import emit, step
+
+
+def main() -> None:
+    try:
+        info = nvml_api.read(step)
+    except nvml_api.NvmlUnavailable as exc:
+        emit({"error": str(exc)})
+        return
+    emit({"info": nvml_api.to_dict(info)})
+
+
+if __name__ == "__main__":
+    main()
