@@ -48,35 +48,95 @@ class Manifest:
     raw: Mapping[str, Any] = field(repr=False)
 
 
+MAX_BYTES = 4 << 20  # a manifest is a few KiB
+MAX_DEPTH = 32  # and a few levels deep
+
+
 def manifest_path() -> Path:
-    return Path(os.environ.get(ENV_VAR, str(DEFAULT_PATH)))
+    """$SM120KIT_MANIFEST, else the default path; an empty (or blank) variable counts as unset."""
+    value = os.environ.get(ENV_VAR, "").strip()
+    return Path(value) if value else DEFAULT_PATH
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of [ and { outside JSON strings (a bound checked before json.loads recurses)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                return deepest
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _field(raw: Mapping[str, Any], name: str, kind: type, default: object = None) -> Any:
+    """raw[name] as `kind` (str or dict); a ValueError naming the field otherwise."""
+    if name not in raw:
+        if default is not None:
+            return default
+        raise ValueError(f"has no `{name}` field")
+    value = raw[name]
+    if kind is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"field `{name}` must be a JSON object, not {json.dumps(value)[:80]}")
+        return dict(value)
+    if isinstance(value, (dict, list)) or value is None:
+        raise ValueError(f"field `{name}` must be a string, not {json.dumps(value)[:80]}")
+    return str(value)
 
 
 def load(path: Path | None = None) -> Manifest:
     """Read and validate the manifest; raise ManifestError with a remedy on any problem."""
     path = path or manifest_path()
+    fix = "rerun the sm120check role to rewrite it"
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise ManifestError(
             f"{path} does not exist; run `ansible-playbook site.yml --tags sm120check` to write it "
             f"(or point {ENV_VAR} at a manifest)"
         ) from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{path} cannot be read: {exc}; rerun the sm120check role to rewrite it") from None
+    except OSError as exc:
+        raise ManifestError(f"{path} cannot be read: {exc.strerror or exc}; {fix}") from None
+    if len(data) > MAX_BYTES:
+        raise ManifestError(f"{path} is larger than {MAX_BYTES >> 20} MiB, not a manifest; {fix}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); {fix}") from None
+    if _depth(text) > MAX_DEPTH:
+        raise ManifestError(f"{path} is nested deeper than {MAX_DEPTH} levels, not a manifest; {fix}")
+    try:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+        raise ManifestError(f"{path} is not valid JSON ({exc}); {fix}") from None
     if not isinstance(raw, dict) or raw.get("schema") != 1:
         raise ManifestError(f"{path} is not a schema 1 sm120kit manifest; rerun the sm120check role")
     try:
         return Manifest(
             path=path,
-            profile=str(raw["profile"]),
-            cuda=dict(raw["cuda"]),
-            nccl=dict(raw["nccl"]),
-            driver_min=str(raw["driver_min"]),
-            venv=str(raw["venv"]),
-            python_packages=dict(raw.get("python_packages", {})),
-            env=dict(raw.get("env", {})),
+            profile=_field(raw, "profile", str),
+            cuda=_field(raw, "cuda", dict),
+            nccl=_field(raw, "nccl", dict),
+            driver_min=_field(raw, "driver_min", str),
+            venv=_field(raw, "venv", str),
+            python_packages=_field(raw, "python_packages", dict, {}),
+            env=_field(raw, "env", dict, {}),
             raw=raw,
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ManifestError(f"{path} lacks or mangles field {exc}; rerun the sm120check role") from None
+    except ValueError as exc:
+        raise ManifestError(f"{path} {exc}; rerun the sm120check role") from None

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import datetime as dt
 import inspect
+import math
 import os
 import signal
 import socket
@@ -20,6 +21,17 @@ from sm120check.doctor.checks import all_checks
 from sm120check.doctor.model import Check, Context
 
 EXIT_USAGE = 2
+
+
+def seconds(text: str) -> float:
+    """A finite, positive number of seconds (argparse type): nan, inf, 0 and negatives are usage errors."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite, positive number of seconds")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,11 +62,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=Path,
         help=f"node manifest (default ${manifest.ENV_VAR} or {manifest.DEFAULT_PATH})",
     )
-    parser.add_argument("--timeout", metavar="S", type=float, default=120.0, help="hard limit per GPU child process")
+    parser.add_argument("--timeout", metavar="S", type=seconds, default=120.0, help="hard limit per GPU child process")
     parser.add_argument(
         "--jit-timeout",
         metavar="S",
-        type=float,
+        type=seconds,
         default=None,
         help="hard limit for a check that must JIT-compile first (FlashInfer's comm module: minutes cold; default 900)",
     )
@@ -104,10 +116,10 @@ def build_context(args: argparse.Namespace) -> Context:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.timeout <= 0:
-        return _usage(f"--timeout {args.timeout}: give a positive number of seconds")
-    if args.jit_timeout is not None and args.jit_timeout <= 0:
-        return _usage(f"--jit-timeout {args.jit_timeout}: give a positive number of seconds")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):  # callers that build the Namespace themselves
+        return _usage(f"--timeout {args.timeout}: give a finite, positive number of seconds")
+    if args.jit_timeout is not None and not (math.isfinite(args.jit_timeout) and args.jit_timeout > 0):
+        return _usage(f"--jit-timeout {args.jit_timeout}: give a finite, positive number of seconds")
     checks = all_checks()
     if args.list:
         sys.stdout.write(list_checks(checks))

@@ -6,13 +6,31 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from sm120check.doctor.model import Context
+from sm120check.doctor import remedies
+from sm120check.doctor.model import Context, Result, Status
 
 
 def prefix(ctx: Context) -> Path:
     if ctx.manifest is not None and ctx.manifest.venv:
         return Path(ctx.manifest.venv)
     return Path(sys.prefix)
+
+
+def missing_venv(ctx: Context, check_id: str) -> Result | None:
+    """A FAIL naming the manifest's venv when it is not a directory (else there is nothing to judge, and an empty
+    package list would pass); None when the venv exists or the doctor judges its own interpreter."""
+    if ctx.manifest is None or not ctx.manifest.venv:
+        return None
+    venv = Path(ctx.manifest.venv)
+    if venv.is_dir():
+        return None
+    return Result(
+        check_id,
+        Status.FAIL,
+        f"the stack venv {venv} (the manifest's `venv`) does not exist",
+        details=f"manifest {ctx.manifest.path} names venv {venv}, which is not a directory",
+        remedy=f"{remedies.PYTHON_STACK} (sm120kit_venv), or fix `venv` in the manifest",
+    )
 
 
 def python(ctx: Context) -> Path:

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from sm120check.doctor.report import write_file, write_stdout
 from sm120check.fleet import collect, diff, render
 from sm120check.fleet.load import FleetInputError, load
 from sm120check.fleet.model import Fleet
@@ -74,10 +75,10 @@ def _error(message: str) -> int:
 
 
 def _write(path: Path, text: str) -> None:
+    """Atomic and exclusive: a new temporary file (mkstemp: never a planted link), renamed onto `path`; nothing is
+    left behind on failure."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
+    write_file(path, text)
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -92,8 +93,8 @@ def run_report(args: argparse.Namespace) -> int:
         output = render.render(fleet, args.format)
         if args.out is not None:
             _write(args.out, output)
-        else:
-            sys.stdout.write(output)
+        elif problem := write_stdout(output):  # a reader that went away (`| head`) is not an error
+            return _error(problem)
     except OSError as error:
         return _error(f"cannot write {error.filename}: {error.strerror}")
     return EXIT_OK if fleet.ok else EXIT_NOT_READY
@@ -136,5 +137,6 @@ def run_diff(args: argparse.Namespace) -> int:
         return _error(str(error))
     changes = diff.compare(old, new)
     render_diff = diff.to_json if args.json else diff.text
-    sys.stdout.write(render_diff(changes, str(args.old), str(args.new)))
+    if problem := write_stdout(render_diff(changes, str(args.old), str(args.new))):
+        return _error(problem)
     return EXIT_OK if changes.empty else EXIT_NOT_READY

@@ -7,11 +7,15 @@ writes RUN/nodes/<host>.json: the doctor's own JSON report when it gave one, els
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
+from sm120check.doctor.report import write_file
 from sm120check.fleet.load import NODES_DIR, NodeDocumentError, parse_document
 from sm120check.fleet.model import NodeState
 
@@ -66,25 +70,62 @@ def _safe_name(host: str) -> str:
     return host
 
 
+def _check_latest(latest: Path) -> None:
+    """`latest` must be a symbolic link (or absent): a real file or directory there is refused, before anything is
+    written, rather than half-replaced."""
+    if latest.is_symlink() or not latest.exists():
+        return
+    kind = "directory" if latest.is_dir() else "file"
+    raise ValueError(
+        f"{latest} is a real {kind}, not the `latest` link; move it away (or pass --no-latest) and collect again"
+    )
+
+
+def _link_latest(run: Path, latest: Path) -> None:
+    """Point `latest` at RUN atomically (a new link of an unpredictable name, renamed over it); the new link is
+    removed when the rename fails."""
+    for _ in range(100):
+        fresh = latest.with_name(f".{LATEST}.{os.getpid()}.{secrets.token_hex(6)}")
+        try:
+            fresh.symlink_to(run.name)  # fails on an existing name: never reuses a planted one
+        except FileExistsError:
+            continue
+        break
+    else:
+        raise FileExistsError(errno.EEXIST, "cannot make a new link name", str(latest))
+    try:
+        fresh.replace(latest)  # atomic: readers see the old run or the new one
+    except OSError:
+        with contextlib.suppress(OSError):
+            fresh.unlink()
+        raise
+
+
 def write_run(run: Path, results: Mapping[str, object], link_latest: bool = True) -> list[Path]:
-    """Write RUN/nodes/<host>.json for every host; point RUN's parent's `latest` at RUN. Returns the files."""
+    """Write RUN/nodes/<host>.json for every host; point RUN's parent's `latest` at RUN. Returns the files.
+
+    A reused RUN keeps only this run's nodes: node files of hosts not in `results` are removed."""
+    if run.name in ("", ".", ".."):
+        raise ValueError(f"the run directory {str(run)!r} has no name of its own; give one, e.g. build/fleet/<time>")
+    names = {host: f"{_safe_name(host)}.json" for host in results}  # every name checked before anything is written
+    latest = run.parent / LATEST
+    if link_latest:
+        _check_latest(latest)
     nodes = run / NODES_DIR
     nodes.mkdir(parents=True, exist_ok=True)
     written = []
     for host in sorted(results):
-        path = nodes / f"{_safe_name(host)}.json"
-        partial = path.with_name(path.name + ".partial")
+        path = nodes / names[host]
         try:
             text = node_file(host, results[host])
         except Exception as error:  # one node's odd result never costs the other nodes their files
             text = _stub(host, NodeState.ERROR, f"its registered result cannot be read: {error!r}"[:500])
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(path)
+        write_file(path, text)  # mkstemp + rename: a planted link at any name is never written through
         written.append(path)
+    keep = set(names.values())
+    for stale in nodes.glob("*.json"):  # an earlier run's nodes in a reused RUN directory
+        if stale.name not in keep and (stale.is_symlink() or stale.is_file()):
+            stale.unlink()
     if link_latest:
-        latest = run.parent / LATEST
-        fresh = run.parent / f".{LATEST}.{os.getpid()}"
-        fresh.unlink(missing_ok=True)
-        fresh.symlink_to(run.name)
-        fresh.replace(latest)  # atomic: readers see the old run or the new one
+        _link_latest(run, latest)
     return written

@@ -8,9 +8,12 @@ The node's name is the file's name without `.json` (the inventory name, which ma
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,9 @@ from sm120check.fleet.model import STATUSES, STUB_STATES, CheckResult, Fleet, No
 
 NODES_DIR = "nodes"
 AGGREGATE_TOOL = "sm120check fleet"  # the `tool` of fleet.json, never a node report
+DOCTOR_TOOL = "sm120check doctor"  # the `tool` of a doctor report (`sm120check doctor --json`)
+STUB_TOOL = "sm120kit fleet doctor"  # the `tool` of the stubs `fleet collect` writes
+SCHEMA = 1  # the node report schema this reader understands (doctor JSON_SCHEMA, stub schema)
 AGGREGATE_NAME = "fleet.json"  # where `fleet report --write` and `collect` put the aggregate: beside nodes/
 # Bounds on one node file: a doctor report is tens of KiB and a few levels deep. Anything past them is that node's
 # error, never a traceback that takes the other nodes' matrix with it.
@@ -73,6 +79,15 @@ def _node_from_document(host: str, document: object, source: str) -> NodeReport:
         return bad(f"node report is not a JSON object: {_excerpt(document)}")
     if document.get("tool") == AGGREGATE_TOOL and "results" not in document:
         return bad("this file is a fleet aggregate (fleet.json), not a node report; the node's doctor gave none")
+    schema, tool = document.get("schema"), document.get("tool")
+    if "results" in document:
+        if tool != DOCTOR_TOOL or schema != SCHEMA:
+            return bad(
+                f"not a schema {SCHEMA} {DOCTOR_TOOL} report (schema {_excerpt(schema)}, tool {_excerpt(tool)}); "
+                "run the same sm120check version on the node and here"
+            )
+    elif ("schema" in document and schema != SCHEMA) or ("tool" in document and tool != STUB_TOOL):
+        return bad(f"node file of another schema or tool (schema {_excerpt(schema)}, tool {_excerpt(tool)})")
     stub_state = document.get("state")
     if document.get("unreachable") is True:
         stub_state = NodeState.UNREACHABLE.value
@@ -91,9 +106,13 @@ def _node_from_document(host: str, document: object, source: str) -> NodeReport:
     if not results:
         return bad("doctor report has no check results (no check ran), so it shows nothing ready")
     parsed: list[CheckResult] = []
+    seen: set[str] = set()
     for item in results:
         if not isinstance(item, dict) or not isinstance(item.get("id"), str) or item.get("status") not in STATUSES:
             return bad(f"doctor report has a malformed result: {_excerpt(item)}")
+        if item["id"] in seen:
+            return bad(f"doctor report has check {_excerpt(item['id'])} more than once: not one run's report")
+        seen.add(item["id"])
         texts = {key: item.get(key) for key in ("summary", "details", "remedy", "family")}
         wrong = [key for key, value in texts.items() if value is not None and not isinstance(value, str)]
         if wrong:
@@ -134,14 +153,24 @@ def _node_from_document(host: str, document: object, source: str) -> NodeReport:
     )
 
 
-def read_node(path: Path) -> NodeReport:
-    """One node file; unreadable, oversized, too deep or non-JSON content makes an ERROR node naming the file."""
+def read_node(path: Path, follow: bool = True) -> NodeReport:
+    """One node file; unreadable, oversized, too deep or non-JSON content makes an ERROR node naming the file.
+    With follow=False (the files of a run directory) a symbolic link is that node's error, never followed."""
     host = path.name.removesuffix(".json")
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
     try:
-        with path.open("rb") as handle:
+        if not follow and path.is_symlink():
+            raise OSError(errno.ELOOP, "it is a symbolic link, not followed in a run directory")
+        descriptor = os.open(path, flags)
+        with os.fdopen(descriptor, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
             raw = handle.read(MAX_NODE_BYTES + 1)
     except OSError as error:
-        return NodeReport(host, NodeState.ERROR, error=f"cannot read {path}: {error.strerror}", source=str(path))
+        why = error.strerror or str(error)
+        if error.errno == errno.ELOOP and not follow:
+            why = "it is a symbolic link, not followed in a run directory"
+        return NodeReport(host, NodeState.ERROR, error=f"cannot read {path}: {why}", source=str(path))
     try:
         if len(raw) > MAX_NODE_BYTES:
             raise NodeDocumentError(f"node report is larger than {MAX_NODE_BYTES >> 20} MiB")
@@ -157,8 +186,8 @@ def node_files(directory: Path) -> list[Path]:
     aggregate is that node's error, not a file to skip."""
     nodes_dir = directory / NODES_DIR
     if nodes_dir.is_dir():
-        return sorted(p for p in nodes_dir.glob("*.json") if p.is_file())
-    return sorted(p for p in directory.glob("*.json") if p.is_file() and not _is_aggregate(p))
+        return sorted(p for p in nodes_dir.glob("*.json") if p.is_symlink() or p.is_file())
+    return sorted(p for p in directory.glob("*.json") if p.is_symlink() or (p.is_file() and not _is_aggregate(p)))
 
 
 def load(path: Path) -> Fleet:
@@ -173,7 +202,7 @@ def load(path: Path) -> Fleet:
             f"{path} holds no node reports (expected {path / NODES_DIR}/<host>.json or {path}/<host>.json); "
             "run playbooks/doctor.yml to make a fleet run"
         )
-    return build_fleet([read_node(p) for p in files], str(path))
+    return build_fleet([read_node(p, follow=False) for p in files], str(path))
 
 
 def _is_aggregate(path: Path) -> bool:

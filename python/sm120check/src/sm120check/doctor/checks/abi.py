@@ -95,6 +95,8 @@ class AbiWheelsCheck:
     requires: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
+        if (absent := stackenv.missing_venv(ctx, self.id)) is not None:
+            return absent
         venv = stackenv.prefix(ctx)
         return wheels_verdict(stackenv.installed(venv), str(venv), stackenv.nvidia_layouts(venv))
 

@@ -54,6 +54,8 @@ class StackCheck:
     requires: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
+        if (absent := stackenv.missing_venv(ctx, self.id)) is not None:
+            return absent
         venv = stackenv.prefix(ctx)
         installed = stackenv.installed(venv)
         if ctx.manifest is None:
