@@ -72,7 +72,12 @@ class StreamTally:
     finish_reason: str | None = None
     source: str = ""
     server_lag: list[float] = field(default_factory=list)
+    anomalies: list[str] = field(default_factory=list)  # counts the server sent that cannot be true
     _sglang_text_len: int = 0
+
+    def _anomaly(self, message: str) -> None:
+        if message not in self.anomalies and len(self.anomalies) < 5:
+            self.anomalies.append(message)
 
     def add_event(self, api: Api, data: str, now: float) -> bool:
         """Account one SSE data payload received at `now`; returns True at the end-of-stream marker."""
@@ -109,7 +114,10 @@ class StreamTally:
             self.chunks.append((now, None, delta_chars))
         for key, attr in (("prompt_tokens", "prompt_tokens"), ("spec_verify_ct", "spec_verify_ct")):
             value = meta.get(key)
-            if isinstance(value, int):
+            if isinstance(value, int) and not isinstance(value, bool):
+                if value < 0:
+                    self._anomaly(f"negative meta_info.{key} {value}")
+                    continue
                 setattr(self, attr, value)
         finish = meta.get("finish_reason")
         if isinstance(finish, dict):
@@ -139,6 +147,8 @@ class StreamTally:
                 self.prompt_tokens = int(usage["prompt_tokens"])
             cum = int(usage["completion_tokens"])
             if not choices:  # the final usage-only chunk
+                if cum < self.counted:
+                    self._anomaly(f"final usage.completion_tokens {cum} below the running count {self.counted}")
                 self.usage_total = cum
                 if self.source == "usage" and cum > self.counted:
                     self.chunks.append((now, cum - self.counted, 0))
@@ -150,6 +160,8 @@ class StreamTally:
 
     def _cumulative(self, cum: int, now: float, chars: int, source: str) -> None:
         self.source = source
+        if cum < self.counted or cum < 0:
+            self._anomaly(f"cumulative {source} completion_tokens went from {self.counted} to {cum}")
         delta = cum - self.counted
         if delta > 0 or chars:
             self.chunks.append((now, max(delta, 0), chars))

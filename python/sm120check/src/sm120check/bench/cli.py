@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
+import math
 import os
 import socket
 import sys
@@ -41,6 +41,9 @@ _SERVER_KEYS = (
 )
 
 
+MAX_CONCURRENCY = 4096  # each in-flight request is one connection and one task on this client
+
+
 def parse_levels(text: str) -> list[int]:
     levels: list[int] = []
     for part in text.split(","):
@@ -49,6 +52,11 @@ def parse_levels(text: str) -> list[int]:
             continue
         if not part.isdigit() or int(part) < 1:
             raise argparse.ArgumentTypeError(f"concurrency {part!r} is not a positive integer (e.g. 1,2,5,10)")
+        if int(part) > MAX_CONCURRENCY:
+            raise argparse.ArgumentTypeError(
+                f"concurrency {part} is above the maximum {MAX_CONCURRENCY}: each in-flight request holds one "
+                "connection and one task on this client; measure higher loads with several clients"
+            )
         if int(part) not in levels:
             levels.append(int(part))
     if not levels:
@@ -63,6 +71,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
     return value
 
 
@@ -90,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--warmup", type=int, default=1, help="warm-up requests per worker before measuring")
     p.add_argument("--input-len", type=_positive_int, default=256, help="synthetic prompt length in words")
     p.add_argument("--output-len", type=_positive_int, default=256, help="output tokens per request")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (>= 0)")
     p.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (variable lengths)")
     p.add_argument("--prompt-file", type=Path, help="prompts, one per line or JSONL with a prompt field")
     p.add_argument("--model", help="model name for OpenAI APIs (default: the first of /v1/models)")
@@ -162,7 +180,7 @@ def handle(args: argparse.Namespace) -> int:
         return code
     if args.json:
         for s in summaries:
-            print(json.dumps(s.to_json()))
+            print(s.to_jsonl_line())
     else:
         print(seed_table(summaries))
     failed = sum(s.errors for s in summaries)
@@ -242,7 +260,13 @@ async def _sweep(
         except HttpError as exc:  # the level is measured: keep it, then stop
             after, stalled = {}, exc
             summary = replace(summary, warnings=(*summary.warnings, f"server info after the level: {exc}"))
-        server_accept = _server_accept_length(after)
+        server_accept, accept_problem = _server_accept_length(after)
+        if accept_problem:
+            summary = replace(
+                summary,
+                warnings=(*summary.warnings, f"{accept_problem}; not used"),
+                flags=(*summary.flags, "untrusted_server_accept_length"),
+            )
         if summary.accept_length is None and server_accept is not None:
             summary = replace(summary, accept_length=server_accept, accept_source="get_server_info")
         level_meta = dict(meta, started_at=started, server_accept_length=server_accept)
@@ -310,11 +334,20 @@ async def fetch_model_name(endpoint: Endpoint, headers: dict[str, str], timeout:
     raise HttpError("GET /v1/models listed no model; pass --model NAME")
 
 
-def _server_accept_length(info: dict[str, Any]) -> float | None:
+def _server_accept_length(info: dict[str, Any]) -> tuple[float | None, str]:
+    """The accept length /get_server_info reports, and why a reported one cannot be used ("" when fine)."""
     states = info.get("internal_states")
+    candidates: list[object] = []
     if isinstance(states, list) and states and isinstance(states[0], dict):
-        value = states[0].get("avg_spec_accept_length")
-        if isinstance(value, (int, float)) and value > 0:
-            return float(value)
-    value = info.get("avg_spec_accept_length")
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+        candidates.append(states[0].get("avg_spec_accept_length"))
+    candidates.append(info.get("avg_spec_accept_length"))
+    problem = ""
+    for value in candidates:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not math.isfinite(value) or value < 0:
+            problem = problem or f"the server reported avg_spec_accept_length {value}, which cannot be true"
+            continue
+        if value > 0:
+            return float(value), problem
+    return None, problem

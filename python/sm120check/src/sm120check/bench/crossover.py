@@ -267,8 +267,10 @@ def _crossover(
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Line:
     """Least squares y = intercept + slope*x with weights 1/y^2 (relative errors count equally)."""
-    w = [1.0 / (y * y) for y in ys]
+    w = [1.0 / (y * y) if 0 < y * y < math.inf else 0.0 for y in ys]
     sw = sum(w)
+    if not (sw > 0 and math.isfinite(sw)):
+        raise ValueError("no point with a usable weight (times per token of 0 or beyond floating point)")
     mx = sum(wi * x for wi, x in zip(w, xs, strict=True)) / sw
     my = sum(wi * y for wi, y in zip(w, ys, strict=True)) / sw
     sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(w, xs, strict=True))
@@ -288,15 +290,22 @@ def fit_cost_model(
         for curve in runs:
             for c in common:
                 if c in curve and curve[c].throughput_tok_s > 0:
-                    xs.append(float(c))
-                    ys.append(c / curve[c].throughput_tok_s)
+                    y = c / curve[c].throughput_tok_s
+                    if 0 < y * y < math.inf and 1.0 / (y * y) > 0:  # a throughput near 0 or beyond floats: left out
+                        xs.append(float(c))
+                        ys.append(y)
         return xs, ys
 
     bx, by = points(base_runs)
     sx, sy = points(spec_runs)
     if len(set(bx)) < 2 or len(set(sx)) < 2:
         return None
-    base, spec = fit_line(bx, by), fit_line(sx, sy)
+    try:
+        base, spec = fit_line(bx, by), fit_line(sx, sy)
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return None
+    if not all(math.isfinite(v) for v in (base.intercept, base.slope, spec.intercept, spec.slope)):
+        return None
     num, den = base.intercept - spec.intercept, spec.slope - base.slope
     predicted: float | None = None
     if num > 0 and den > 0:

@@ -41,7 +41,9 @@ def make_policies(
         raise ValueError(f"no policy: {cross.message}")
     if not 0 <= hysteresis < 1:
         raise ValueError(f"--hysteresis {hysteresis} must be in [0, 1)")
-    k = steps or analysis.spec_steps or 3
+    if steps is not None and steps < 1:
+        raise ValueError(f"--steps {steps} must be at least 1")
+    k = steps if steps is not None else analysis.spec_steps if analysis.spec_steps and analysis.spec_steps > 0 else 3
     value = cross.value
     off_at = max(2, math.ceil(value))
     reduced = max(2, math.floor(value / 2))

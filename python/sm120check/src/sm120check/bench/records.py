@@ -43,6 +43,7 @@ class LevelSummary:
     token_source: str = ""
     error_samples: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()  # machine-readable doubts: untrusted_token_counts, non_finite:<field>, ...
     meta: Mapping[str, object] = field(default_factory=dict)
 
     @property
@@ -75,43 +76,93 @@ class LevelSummary:
             token_source=self.token_source,
             error_samples=list(self.error_samples),
             warnings=list(self.warnings),
+            flags=list(self.flags),
         )
         out.update(self.meta)
         return out
 
+    def to_jsonl_line(self) -> str:
+        """Strict JSON: a non-finite number (NaN, Infinity) becomes null and the record gets a non_finite flag."""
+        bad: list[str] = []
+        data = _finite(self.to_json(), "", bad)
+        assert isinstance(data, dict)
+        if bad:
+            data["flags"] = [*self.flags, *(f"non_finite:{path}" for path in bad)]
+        return json.dumps(data, sort_keys=False, allow_nan=False)
+
     @classmethod
     def from_json(cls, data: Mapping[str, object], where: str) -> LevelSummary:
+        """Parse one record; every field is type-checked here, so bad input is a RecordError naming the field."""
         if data.get("schema") != SCHEMA:
             raise RecordError(f"{where}: not an sm120check bench record (schema {data.get('schema')!r}, want {SCHEMA})")
-        try:
-            concurrency = int(str(data["concurrency"]))
-            throughput = float(str(data["throughput_tok_s"]))
-        except (KeyError, ValueError) as exc:
-            raise RecordError(f"{where}: record lacks a usable {exc} field") from None
-        if concurrency < 1 or not math.isfinite(throughput) or throughput < 0:
+        if "concurrency" not in data or "throughput_tok_s" not in data:
+            missing = "concurrency" if "concurrency" not in data else "throughput_tok_s"
+            raise RecordError(f"{where}: record lacks a usable '{missing}' field")
+        concurrency = _int_field(data, "concurrency", where, 0)
+        throughput = _float_field(data, "throughput_tok_s", where, 0.0)
+        if concurrency < 1 or throughput < 0:
             raise RecordError(f"{where}: concurrency {concurrency} / throughput {throughput} out of range")
         known = {"schema", "label", "run_id", "concurrency", "throughput_tok_s", "window_s", "window_valid"}
         known |= {"output_tokens", "requests", "errors", "accept_length", "accept_source", "token_source"}
-        known |= {"error_samples", "warnings", *_DISTS}
-        accept = data.get("accept_length")
+        known |= {"error_samples", "warnings", "flags", *_DISTS}
+        accept: float | None = None
+        if data.get("accept_length") is not None:
+            accept = _float_field(data, "accept_length", where, 0.0)
+            if accept < 0:
+                raise RecordError(
+                    f"{where}: field 'accept_length' is {accept:g}: accepted tokens per verify step cannot be "
+                    "negative (the server reported a count that cannot be true); remove or fix the record"
+                )
+        window_valid = data.get("window_valid", True)
+        if not isinstance(window_valid, bool):
+            raise RecordError(f"{where}: field 'window_valid' must be true or false, not {window_valid!r:.60}")
         return cls(
             concurrency=concurrency,
             throughput_tok_s=throughput,
-            window_s=float(str(data.get("window_s", 0.0))),
-            output_tokens=int(str(data.get("output_tokens", 0))),
-            requests=int(str(data.get("requests", 0))),
-            errors=int(str(data.get("errors", 0))),
+            window_s=_float_field(data, "window_s", where, 0.0),
+            output_tokens=_int_field(data, "output_tokens", where, 0),
+            requests=_int_field(data, "requests", where, 0),
+            errors=_int_field(data, "errors", where, 0),
             label=str(data.get("label", "")),
             run_id=str(data.get("run_id", "")),
-            window_valid=bool(data.get("window_valid", True)),
-            accept_length=float(accept) if isinstance(accept, (int, float)) else None,
+            window_valid=window_valid,
+            accept_length=accept or None,
             accept_source=str(data.get("accept_source", "")),
             token_source=str(data.get("token_source", "")),
             error_samples=tuple(str(s) for s in _as_list(data.get("error_samples"))),
             warnings=tuple(str(s) for s in _as_list(data.get("warnings"))),
+            flags=tuple(str(s) for s in _as_list(data.get("flags"))),
             meta={k: v for k, v in data.items() if k not in known},
             **{name: Dist.from_json(data.get(name)) for name in _DISTS},
         )
+
+
+def _int_field(data: Mapping[str, object], key: str, where: str, default: int) -> int:
+    value = data.get(key, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RecordError(f"{where}: field {key!r} must be a whole number >= 0, not {value!r:.60}")
+    return value
+
+
+def _float_field(data: Mapping[str, object], key: str, where: str, default: float) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RecordError(f"{where}: field {key!r} must be a finite number, not {value!r:.60}")
+    return float(value)
+
+
+def _finite(value: object, path: str, bad: list[str]) -> object:
+    """`value` with every non-finite float replaced by None; the dotted paths of those go to `bad`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        bad.append(path or "(record)")
+        return None
+    if isinstance(value, Mapping):
+        return {k: _finite(v, f"{path}.{k}" if path else str(k), bad) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v, f"{path}[{i}]", bad) for i, v in enumerate(value)]
+    return value
 
 
 def _as_list(value: object) -> list[object]:
@@ -122,7 +173,7 @@ def append_jsonl(path: Path, summaries: Iterable[LevelSummary]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as fh:
         for summary in summaries:
-            fh.write(json.dumps(summary.to_json(), sort_keys=False) + "\n")
+            fh.write(summary.to_jsonl_line() + "\n")
 
 
 def read_jsonl(path: Path) -> list[LevelSummary]:
@@ -138,6 +189,8 @@ def read_jsonl(path: Path) -> list[LevelSummary]:
         where = f"{path}:{number}"
         try:
             data = json.loads(line)
+        except RecursionError:
+            raise RecordError(f"{where}: JSON nested too deeply to be a `sm120check bench` record") from None
         except ValueError as exc:
             raise RecordError(f"{where}: not JSON ({exc}); each line must be one `sm120check bench` record") from None
         if not isinstance(data, dict):

@@ -53,6 +53,7 @@ class RequestRecord:
     token_source: str = ""
     server_lag: tuple[float, ...] = ()
     cut: bool = False  # stopped at the end of a --duration window: its tokens count, its latency does not
+    anomalies: tuple[str, ...] = ()  # token counts that cannot be true: the request is left out of the numbers
 
     @property
     def tokens(self) -> int:
@@ -110,17 +111,26 @@ async def one_request(
     except asyncio.CancelledError:
         if on_cut is not None:
             got = tuple((t, n) for t, n, _ in tally.chunks if n)
+            cut_anomalies = list(tally.anomalies)
+            if sum(n for _, n in got) > spec.output_len:
+                cut_anomalies.append(f"more tokens reported than --output-len {spec.output_len}")
+            first_at = got[0][0] if got else None
             on_cut(
                 RequestRecord(
-                    warmup, scheduled, sent[0], time.perf_counter(), got[0][0] if got else None, got, cut=True
+                    warmup, scheduled, sent[0], time.perf_counter(), first_at, got, cut=True,
+                    anomalies=tuple(cut_anomalies),
                 )
-            )
+            )  # fmt: skip
         raise
     end = time.perf_counter()
     if error:
         await conn.close()
         return RequestRecord(warmup, scheduled, sent[0], end, error=error)
     first = next((t for t, n in chunks if n > 0), None)
+    anomalies = list(tally.anomalies)
+    total = sum(n for _, n in chunks)
+    if total > spec.output_len:
+        anomalies.append(f"{total} tokens reported for a request of at most {spec.output_len} (--output-len)")
     return RequestRecord(
         warmup,
         scheduled,
@@ -133,6 +143,7 @@ async def one_request(
         tally.spec_verify_ct,
         source,
         tuple(tally.server_lag),
+        anomalies=tuple(anomalies),
     )
 
 
@@ -227,8 +238,17 @@ def summarize(
     """Reduce a level's request records to the numbers a user reads (see the module docstring for the window)."""
     warnings: list[str] = []
     measured = [r for r in records if not r.warmup and not r.cut]
-    ok = [r for r in measured if not r.error]
     errors = [r for r in measured if r.error]
+    suspect = [r for r in records if r.anomalies]
+    flags: list[str] = []
+    if suspect:
+        flags.append("untrusted_token_counts")
+        warnings.append(
+            f"{len(suspect)} request(s) at C={concurrency} reported token counts that cannot be true "
+            f"({suspect[0].anomalies[0]}); their tokens are left out of throughput, latency and accept length"
+        )
+        records = [r for r in records if not r.anomalies]
+    ok = [r for r in measured if not r.error and not r.anomalies]
     window_valid = t0 is not None and t1 is not None and t1 > t0
     if timed_out:
         warnings.append("the level hit --level-timeout; its numbers cover what finished")
@@ -291,6 +311,7 @@ def summarize(
         token_source="+".join(sources),
         error_samples=tuple(samples),
         warnings=tuple(warnings),
+        flags=tuple(flags),
     )
 
 
