@@ -50,6 +50,7 @@ def shipped_settings(profile: str = "full") -> dict[str, Any]:
         "doctor_level": stack["sm120kit_doctor_level"],
         "pip_index_url": stack["sm120kit_pip_index_url"],
         "pip_extra_index_urls": stack["sm120kit_pip_extra_index_urls"],
+        "allow_insecure_http": stack["sm120kit_allow_insecure_http"],
     }
 
 
@@ -155,6 +156,15 @@ BAD_INPUTS = [
     ("pip_index_url", "ftp://mirror.invalid/simple", "is not an http(s) index URL"),
     ("pip_extra_index_urls", ["https://ok.invalid/simple", "https://x.invalid/$(id)"], "pip_extra_index_urls[1]"),
     ("pip_extra_index_urls", "https://ok.invalid/simple", "sm120kit_pip_extra_index_urls: must be a list"),
+    # Reliability probe A22 and C3: plain http is refused unless sm120kit_allow_insecure_http is set.
+    (
+        "pip_index_url",
+        "http://mirror.invalid/simple",
+        "sm120kit_pip_index_url: 'http://mirror.invalid/simple' is plain",
+    ),
+    ("pip_extra_index_urls", ["http://mirror.invalid/simple"], "sm120kit_pip_extra_index_urls[0]: 'http://mirror"),
+    ("cuda_apt_mirror", "http://mirror.invalid/repos", "cuda_toolkit_apt_mirror: 'http://mirror.invalid/repos' is"),
+    ("cuda_apt_mirror", "https://m.invalid/r\nx", "cuda_toolkit_apt_mirror: 'https://m.invalid/r\\nx' is not an"),
 ]
 
 
@@ -179,6 +189,8 @@ GOOD_INPUTS = [
     ("doctor_level", 1),
     ("pip_index_url", "https://user:tok%40en@mirror.example/simple/"),
     ("pip_extra_index_urls", ["https://download.pytorch.org/whl/cu130"]),
+    ("cuda_apt_mirror", "https://mirror.example.internal/nvidia-cuda"),
+    ("env_overrides", {"HF_TOKEN": "a warning, not a problem"}),
 ]
 
 
@@ -197,3 +209,16 @@ def test_every_problem_is_reported_at_once() -> None:
         "sm120kit_cuda_version",
         "sm120kit_nccl_version",
     ]
+
+
+def test_plain_http_passes_only_with_the_explicit_opt_in() -> None:
+    settings = _with("pip_index_url", "http://mirror.invalid/simple")
+    settings["cuda_apt_mirror"] = "http://mirror.invalid/repos"
+    assert [p.split(":")[0] for p in manifest_problems(settings)] == [
+        "sm120kit_pip_index_url",
+        "cuda_toolkit_apt_mirror",
+    ]
+    for opt_in in (True, "true"):
+        assert manifest_problems({**settings, "allow_insecure_http": opt_in}) == []
+    for not_opted_in in (False, "false", "no", None, ""):
+        assert len(manifest_problems({**settings, "allow_insecure_http": not_opted_in})) == 2

@@ -46,13 +46,18 @@ def test_nvcc_is_the_pinned_release(core_host: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "path",
-    ["/etc/ld.so.conf.d/sm120kit-cuda.conf", "/etc/profile.d/sm120kit.sh", "/etc/sm120kit/manifest.json"],
+    ("path", "mode"),
+    [
+        ("/etc/ld.so.conf.d/sm120kit-cuda.conf", 0o644),
+        ("/etc/profile.d/sm120kit.sh", 0o644),
+        # It holds the env values, which may be tokens (reliability probe C4): root and its group only.
+        ("/etc/sm120kit/manifest.json", 0o640),
+    ],
 )
-def test_configuration_files_are_root_owned_and_world_readable(core_host: Any, path: str) -> None:
+def test_configuration_files_are_root_owned_and_not_writable_by_others(core_host: Any, path: str, mode: int) -> None:
     config = core_host.file(path)
     assert config.is_file
-    assert (config.user, config.group, config.mode) == ("root", "root", 0o644)
+    assert (config.user, config.group, config.mode) == ("root", "root", mode)
 
 
 def test_loader_cache_finds_nvrtc_in_the_toolkit(core_host: Any) -> None:

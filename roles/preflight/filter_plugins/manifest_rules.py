@@ -251,9 +251,57 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
                 f"{var}: {str(url)!r} is not an http(s) index URL (no spaces, quotes, newlines or shell "
                 f"characters){WHERE}"
             )
+        elif url:
+            problems += _http_problems(var, str(url), s)
+    mirror = s.get("cuda_apt_mirror") or ""
+    if mirror and not URL.fullmatch(str(mirror)):
+        problems.append(
+            f"cuda_toolkit_apt_mirror: {str(mirror)!r} is not an http(s) URL (no spaces, quotes, newlines or shell "
+            "characters)"
+        )
+    elif mirror:
+        problems += _http_problems("cuda_toolkit_apt_mirror", str(mirror), s)
     return problems
+
+
+def _http_problems(var: str, url: str, s: Mapping[str, Any]) -> list[str]:
+    """Plain http lets anyone on the path swap packages (index installs are not hash-checked) or the apt key."""
+    if not url.lower().startswith("http://") or s.get("allow_insecure_http") in (True, "true", "True", "yes", 1):
+        return []
+    return [
+        f"{var}: {_redact(url)!r} is plain http: anyone on the network path can swap the packages (pip installs "
+        "from an index are not hash-checked; only the wheelhouse is) or the apt signing key. Use https, a wheelhouse "
+        "(sm120kit_wheelhouse), or set sm120kit_allow_insecure_http=true to accept the risk"
+    ]
+
+
+def _redact(url: str) -> str:
+    """The URL without a password (user:pass@host), for messages."""
+    return re.sub(r"(?<=://)([^/@:]*):[^/@]*@", r"\1:***@", url)
+
+
+# Names of environment variables that usually hold credentials.
+SECRET_NAME = re.compile(r".*(TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH).*", re.IGNORECASE)
+
+
+def manifest_warnings(s: Mapping[str, Any]) -> list[str]:
+    """Things that work but should not be done: secrets in the environment every user can read."""
+    warnings: list[str] = []
+    for source in ("env", "env_overrides"):
+        variables = s.get(source) or {}
+        if not isinstance(variables, Mapping):
+            continue
+        for name, value in variables.items():
+            if value is not None and SECRET_NAME.fullmatch(str(name)):
+                warnings.append(
+                    f"sm120kit_{source}['{name}'] looks like a secret: its value is written to "
+                    "/etc/profile.d/sm120kit.sh and the venv's sm120kit_env.py, which every user of the node can "
+                    "read (and to /etc/sm120kit/manifest.json, root only). Give secrets to the service that needs "
+                    "them instead (a root-only EnvironmentFile, a credential store), not to sm120kit_env_overrides"
+                )
+    return warnings
 
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"sm120kit_manifest_problems": manifest_problems}
+        return {"sm120kit_manifest_problems": manifest_problems, "sm120kit_manifest_warnings": manifest_warnings}
