@@ -71,3 +71,14 @@ def test_debian_sitecustomize_shadowing_the_venvs_is_named(tmp_path: Path) -> No
         pytest.skip("this Debian python has no sitecustomize of its own")
     assert result.status is Status.WARN
     assert f"{site / 'sitecustomize.py'} never runs: /usr/lib/python3.11/sitecustomize.py" in result.details
+
+
+def test_values_of_credential_names_never_reach_the_report() -> None:
+    """A token in sm120kit_env_overrides that differs on the node is named, but its value is not printed."""
+    from sm120check.doctor.checks.env import env_verdict
+
+    seen = {"hook": "/v/lib/python3.11/site-packages/sm120kit_env.pth", "env": {"HF_TOKEN": "hf_seen_secret"}}
+    result = env_verdict(seen, {"HF_TOKEN": "hf_wanted_secret", "CUDA_HOME": "/opt/cuda"}, [], ["sm120kit_env.pth"])
+    assert result.status.value == "fail" and "HF_TOKEN" in result.summary
+    assert "hf_seen_secret" not in result.details and "hf_wanted_secret" not in result.details
+    assert "<redacted, 16 characters>" in result.details and "'/opt/cuda'" in result.details

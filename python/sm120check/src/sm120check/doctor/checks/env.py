@@ -80,7 +80,7 @@ def env_verdict(
     data["vars"] = len(want)
     data["wrong"] = len(wrong)
     if wrong:
-        lines = [f"{k}: wants {want[k]!r}, a fresh interpreter sees {v!r}" for k, v in wrong.items()]
+        lines = [f"{k}: wants {_shown(k, want[k])}, a fresh interpreter sees {_shown(k, v)}" for k, v in wrong.items()]
         return Result(
             "env",
             Status.FAIL,
@@ -100,6 +100,17 @@ def env_verdict(
         )
     compared = f"sets the manifest's {len(want)} variable(s)" if want else "is active (no manifest to compare)"
     return Result("env", Status.PASS, f"hook {hook} {compared} in a fresh interpreter", data=data)
+
+
+# Names that usually hold credentials (the same words preflight warns about): their values never reach a report.
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+
+
+def _shown(name: str, value: object) -> str:
+    """How a value appears in the report: redacted (with its length) when the name looks like a credential."""
+    if value is not None and any(word in name.upper() for word in SECRET_WORDS):
+        return f"<redacted, {len(str(value))} characters>"
+    return repr(value)
 
 
 class EnvCheck:
