@@ -55,6 +55,34 @@ BAD_INPUTS = {
         {"sm120kit_env_overrides": {"BAD-NAME": "1"}},
         "sm120kit_env_overrides: 'BAD-NAME' is not a valid environment variable name",
     ),
+    # Values that would have reached a shell, pip or the node's system directories (reliability probe A11-A24).
+    "system directory as venv": ({"sm120kit_venv": "/usr"}, "sm120kit_venv: '/usr' is a system directory"),
+    "system directory as CUDA home": (
+        {"sm120kit_cuda_home": "/usr"},
+        "sm120kit_cuda_home: '/usr' is a system directory",
+    ),
+    "CPU build of torch": (
+        {"sm120kit_extra_python_packages": {"torch": "2.14.1+cpu"}},
+        "python package 'torch': '2.14.1+cpu' is not a CUDA 13 build",
+    ),
+    "pip option as a package": (
+        {"sm120kit_extra_python_packages": {"--extra-index-url=http://x": "1.0"}},
+        "is a pip option, not a package name",
+    ),
+    "shell characters in a CUDA component": (
+        {"sm120kit_cuda_components": {**COMPONENTS, "nvidia-x;id": "13.0.1"}},
+        "sm120kit_cuda_components: 'nvidia-x;id' is not a package name",
+    ),
+    "trailing newline in a version": ({"sm120kit_cuda_version": "13.0.1\n"}, "is not a full release number"),
+    "doctor level out of range": ({"sm120kit_doctor_level": 5}, "sm120kit_doctor_level: 5 is not a doctor level"),
+    "multi-line environment value": (
+        {"sm120kit_env_overrides": {"A": "x\ny"}},
+        "sm120kit_env_overrides['A']: the value contains a newline",
+    ),
+    "plain-http index": (
+        {"sm120kit_pip_index_url": "http://mirror.example/simple"},
+        "sm120kit_pip_index_url: 'http://mirror.example/simple' is plain http",
+    ),
 }
 
 
