@@ -165,6 +165,14 @@ BAD_INPUTS = [
     ("pip_extra_index_urls", ["http://mirror.invalid/simple"], "sm120kit_pip_extra_index_urls[0]: 'http://mirror"),
     ("cuda_apt_mirror", "http://mirror.invalid/repos", "cuda_toolkit_apt_mirror: 'http://mirror.invalid/repos' is"),
     ("cuda_apt_mirror", "https://m.invalid/r\nx", "cuda_toolkit_apt_mirror: 'https://m.invalid/r\\nx' is not an"),
+    # Reliability probe A24: a CUDA release the pinned components do not belong to.
+    (
+        "cuda_version",
+        "13.9.99",
+        "sm120kit_cuda_version: '13.9.99' is CUDA 13.9, but the pinned sm120kit_cuda_components are CUDA 13.0",
+    ),
+    ("cuda_version", "13.1.0", "Set sm120kit_cuda_version to the release the components belong to"),
+    ("cuda_components.nvidia-cuda-cccl", "13.1.20", "the components belong to different CUDA releases (13.0: "),
 ]
 
 
@@ -222,3 +230,140 @@ def test_plain_http_passes_only_with_the_explicit_opt_in() -> None:
         assert manifest_problems({**settings, "allow_insecure_http": opt_in}) == []
     for not_opted_in in (False, "false", "no", None, ""):
         assert len(manifest_problems({**settings, "allow_insecure_http": not_opted_in})) == 2
+
+
+# --- reliability probe A24 with the apt method, and section 10's role variables set directly ---------------------
+
+
+def test_the_apt_pin_must_be_the_cuda_release() -> None:
+    settings = {**_with("cuda_version", "13.0.2"), "cuda_toolkit_method": "apt"}
+    problems = manifest_problems(settings)
+    assert len(problems) == 1, problems
+    assert "sm120kit_cuda_version: '13.0.2' differs from sm120kit_cuda_apt_version '13.0.1-1'" in problems[0]
+    assert manifest_problems({**settings, "cuda_apt_version": "13.0.2-1"}) == []
+    assert manifest_problems({**settings, "cuda_toolkit_method": "wheels"}) == []  # the wheels method has no apt pin
+
+
+# The values the roles' defaults render to with the shipped manifest (a real run: test_preflight_role_vars.py).
+SHIPPED_ROLE_VARS: dict[str, Any] = {
+    "python_stack_venv": "/opt/sm120kit/venv",
+    "python_stack_python": "/usr/bin/python3",
+    "python_stack_state_dir": "/opt/sm120kit",
+    "python_stack_wheelhouse": "",
+    "python_stack_index_url": "",
+    "python_stack_extra_index_urls": [],
+    "cuda_toolkit_version": "13.0.1",
+    "cuda_toolkit_home": "/opt/cuda",
+    "cuda_toolkit_prefix": "/opt/cuda-13.0.1",
+    "cuda_toolkit_pip_python": "/opt/sm120kit/venv/bin/python",
+    "cuda_toolkit_apt_mirror": "https://developer.download.nvidia.com/compute/cuda/repos",
+    "cuda_toolkit_apt_key_name": "3bf863cc.pub",
+    "nccl_version": "2.30.7",
+    "nccl_venv": "/opt/sm120kit/venv",
+    "cuda_env_cuda_home": "/opt/cuda",
+    "cuda_env_module": "sm120kit_env",
+    "cuda_env_profile_script": "/etc/profile.d/sm120kit.sh",
+    "cuda_env_ld_conf": "/etc/ld.so.conf.d/sm120kit-cuda.conf",
+    "sm120check_source": "/work/main/roles/preflight/../../python/sm120check",
+    "sm120check_build_dir": "/work/main/roles/preflight/../../build/dist",
+    "sm120check_dist_dir": "/opt/sm120kit/dist",
+    "sm120check_bin_link": "/usr/local/bin/sm120check",
+    "sm120check_manifest_dir": "/etc/sm120kit",
+    "sglang_sm120_source": "",
+    "flashinfer_jit_bundle_dir": "/home/a user/.cache/sm120kit/flashinfer-jit",
+    "flashinfer_jit_node_bundle_dir": "/var/cache/sm120kit/flashinfer-jit",
+}
+
+
+def _with_role_vars(**role_vars: Any) -> dict[str, Any]:
+    return {**shipped_settings(), "role_vars": {**SHIPPED_ROLE_VARS, **role_vars}}
+
+
+@pytest.mark.parametrize("method", ["wheels", "apt"])
+def test_the_shipped_role_defaults_pass(method: str) -> None:
+    assert manifest_problems({**_with_role_vars(), "cuda_toolkit_method": method}) == []
+
+
+ROLE_BAD_INPUTS = [
+    ("python_stack_venv", "/usr", "python_stack_venv: '/usr' is a system directory"),
+    ("python_stack_venv", "/opt/$(id)", "python_stack_venv: '/opt/$(id)' may hold only letters"),
+    ("nccl_venv", "/", "nccl_venv: '/' is a system directory"),
+    ("cuda_env_venv", "relative/venv", "cuda_env_venv: 'relative/venv' must be an absolute path"),
+    ("sm120check_venv", "/etc", "sm120check_venv: '/etc' is a system directory"),
+    ("sglang_sm120_venv", "/opt/x;id", "sglang_sm120_venv: '/opt/x;id' may hold only"),
+    ("flashinfer_jit_venv", "/opt/venv/", "flashinfer_jit_venv: '/opt/venv/' is not normalized"),
+    ("python_stack_python", "/usr/bin/python3 -c id", "python_stack_python: '/usr/bin/python3 -c id' may hold only"),
+    ("python_stack_state_dir", "/var/lib", "python_stack_state_dir: '/var/lib' is a system directory"),
+    ("python_stack_wheelhouse", "/srv/w x", "python_stack_wheelhouse: '/srv/w x' may hold only"),
+    ("python_stack_index_url", "https://x.invalid/$(id)", "python_stack_index_url: 'https://x.invalid/$(id)' is not"),
+    ("python_stack_extra_index_urls", ["http://m.invalid/s"], "python_stack_extra_index_urls[0]: 'http://m.invalid/s'"),
+    ("python_stack_extra_index_urls", "https://m.invalid/s", "python_stack_extra_index_urls: must be a list"),
+    ("cuda_toolkit_prefix", "/usr", "cuda_toolkit_prefix: '/usr' is a system directory"),
+    ("cuda_toolkit_prefix", "/opt/cuda $(id)", "cuda_toolkit_prefix: '/opt/cuda $(id)' may hold only"),
+    ("cuda_toolkit_home", "/usr/local", "cuda_toolkit_home: '/usr/local' is a system directory"),
+    ("cuda_toolkit_pip_python", "/opt/x`id`/python", "cuda_toolkit_pip_python: '/opt/x`id`/python' may hold only"),
+    ("cuda_toolkit_version", "13.9.99", "cuda_toolkit_version: '13.9.99' is CUDA 13.9, but the pinned"),
+    ("cuda_toolkit_version", "12.8.1", "cuda_toolkit_version: '12.8.1' is not CUDA 13"),
+    ("cuda_toolkit_version", "13.0.1\n", "cuda_toolkit_version: '13.0.1\\n' is not a full release number"),
+    ("nccl_version", "2.21.5", "nccl_version: '2.21.5' is older than 2.26.2"),
+    ("nccl_index_url", "ftp://m.invalid/simple", "nccl_index_url: 'ftp://m.invalid/simple' is not an http(s) URL"),
+    ("cuda_env_cuda_home", "/usr", "cuda_env_cuda_home: '/usr' is a system directory"),
+    ("cuda_env_module", "os;import x", "cuda_env_module: 'os;import x' is not a Python module name"),
+    ("cuda_env_profile_script", "/etc/profile.d", "cuda_env_profile_script: '/etc/profile.d' is a system directory"),
+    ("cuda_env_ld_conf", "/etc/ld.so.conf.d/a b.conf", "cuda_env_ld_conf: '/etc/ld.so.conf.d/a b.conf' may hold"),
+    ("sm120check_source", "/src/my checkout", "sm120check_source: '/src/my checkout' may hold only"),
+    ("sm120check_build_dir", "build/dist", "sm120check_build_dir: 'build/dist' must be an absolute path"),
+    ("sm120check_dist_dir", "/opt", "sm120check_dist_dir: '/opt' is a system directory"),
+    ("sm120check_bin_link", "/usr/local/bin", "sm120check_bin_link: '/usr/local/bin' is a system directory"),
+    ("sm120check_manifest_dir", "/etc", "sm120check_manifest_dir: '/etc' is a system directory"),
+    ("sglang_sm120_source", "sglang", "sglang_sm120_source: 'sglang' must be an absolute path"),
+    ("flashinfer_jit_bundle_dir", "cache/jit", "flashinfer_jit_bundle_dir: 'cache/jit' must be an absolute path"),
+    ("flashinfer_jit_bundle_dir", "/tmp/a\nb", "flashinfer_jit_bundle_dir: '/tmp/a\\nb' contains a newline"),
+    ("flashinfer_jit_node_bundle_dir", "/var/cache", "flashinfer_jit_node_bundle_dir: '/var/cache' is a system"),
+    ("flashinfer_jit_node_bundle_dir", "/proc/x", "lies on a kernel or runtime file system"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), ROLE_BAD_INPUTS, ids=[f"{n}={v}" for n, v, _ in ROLE_BAD_INPUTS])
+def test_a_role_variable_set_directly_is_checked_under_its_own_name(name: str, value: Any, message: str) -> None:
+    problems = manifest_problems(_with_role_vars(**{name: value}))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(name) and message in problems[0]
+    role = next(r for r in ("python_stack", "cuda_toolkit", "nccl", "cuda_env", "sm120check", "sglang_sm120",
+                            "flashinfer_jit") if name.startswith(r))  # fmt: skip
+    assert f"see roles/{role}/README.md" in problems[0]
+
+
+@pytest.mark.parametrize(
+    ("method", "name", "value"),
+    [
+        ("apt", "cuda_toolkit_apt_mirror", "https://m.invalid/r x"),
+        ("apt", "cuda_toolkit_apt_key_name", "../key.pub"),
+        ("wheels", "cuda_toolkit_prefix", "/usr"),
+        ("wheels", "cuda_toolkit_pip_python", "/opt/$(id)"),
+    ],
+)
+def test_cuda_toolkit_variables_are_checked_only_for_the_method_that_uses_them(
+    method: str, name: str, value: Any
+) -> None:
+    settings = _with_role_vars(**{name: value})
+    assert [p.split(":")[0] for p in manifest_problems({**settings, "cuda_toolkit_method": method})] == [name]
+    other = "wheels" if method == "apt" else "apt"
+    assert manifest_problems({**settings, "cuda_toolkit_method": other}) == []
+
+
+def test_a_role_variable_left_at_its_sm120kit_default_is_reported_once_under_the_sm120kit_name() -> None:
+    settings = _with("venv", "/usr")
+    settings["role_vars"] = dict.fromkeys(
+        ("python_stack_venv", "nccl_venv", "cuda_env_venv", "sm120check_venv"), "/usr"
+    )
+    problems = manifest_problems(settings)
+    assert len(problems) == 1 and problems[0].startswith("sm120kit_venv: '/usr'"), problems
+
+
+def test_the_role_variables_preflight_passes_are_the_ones_the_rules_check() -> None:
+    names = yaml.safe_load((ROOT / "roles/preflight/vars/main.yml").read_text())["_preflight_role_var_names"]
+    assert names == list(_rules().ROLE_VARS)
+    for name in names:  # each is a variable of its role
+        role = next(r for r in _rules().ROLES if name.startswith(r + "_"))
+        assert name in yaml.safe_load((ROOT / f"roles/{role}/defaults/main.yml").read_text()), name

@@ -42,6 +42,60 @@ VIRTUAL_ROOTS = ("/dev/", "/proc/", "/run/", "/sys/")
 DOCTOR_LEVELS = (1, 2, 3)
 APT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+-[0-9]+")
 NCCL_MIN = (2, 26, 2)
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+# Role variables with paths, URLs and names that reach the node (or the control node's shell): what each must be,
+# and the sm120kit_* setting it defaults to (a value equal to that setting is already checked under its own name).
+# Kinds: dir (a directory of its own, never a system one), file (a file path, e.g. under /usr/local/bin), opt_dir (a
+# directory anywhere, or empty), control (a control-node path: absolute, no shell characters), url / urls (http(s)
+# index URLs, or empty), module_path (an absolute path only Ansible modules see, never a shell: any printable
+# characters), module (a Python module name), file_name (a plain file name), cuda (a CUDA 13 release),
+# nccl (an NCCL release).
+ROLE_VARS: dict[str, tuple[str, str | None]] = {
+    "python_stack_venv": ("dir", "venv"),
+    "python_stack_python": ("file", None),
+    "python_stack_state_dir": ("dir", None),
+    "python_stack_wheelhouse": ("opt_dir", "wheelhouse"),
+    "python_stack_index_url": ("url", "pip_index_url"),
+    "python_stack_extra_index_urls": ("urls", "pip_extra_index_urls"),
+    "cuda_toolkit_version": ("cuda", "cuda_version"),
+    "cuda_toolkit_home": ("dir", "cuda_home"),
+    "cuda_toolkit_prefix": ("dir", None),
+    "cuda_toolkit_pip_python": ("file", None),
+    "cuda_toolkit_wheelhouse": ("opt_dir", "wheelhouse"),
+    "cuda_toolkit_index_url": ("url", "pip_index_url"),
+    "cuda_toolkit_extra_index_urls": ("urls", "pip_extra_index_urls"),
+    "cuda_toolkit_apt_mirror": ("url", "cuda_apt_mirror"),
+    "cuda_toolkit_apt_key_name": ("file_name", None),
+    "nccl_version": ("nccl", "nccl_version"),
+    "nccl_venv": ("dir", "venv"),
+    "nccl_wheelhouse": ("opt_dir", "wheelhouse"),
+    "nccl_index_url": ("url", "pip_index_url"),
+    "nccl_extra_index_urls": ("urls", "pip_extra_index_urls"),
+    "cuda_env_venv": ("dir", "venv"),
+    "cuda_env_cuda_home": ("dir", "cuda_home"),
+    "cuda_env_module": ("module", None),
+    "cuda_env_profile_script": ("file", None),
+    "cuda_env_ld_conf": ("file", None),
+    "sm120check_venv": ("dir", "venv"),
+    "sm120check_source": ("control", None),
+    "sm120check_build_dir": ("control", None),
+    "sm120check_dist_dir": ("dir", None),
+    "sm120check_bin_link": ("file", None),
+    "sm120check_manifest_dir": ("dir", None),
+    "sglang_sm120_venv": ("dir", "venv"),
+    "sglang_sm120_source": ("opt_dir", None),
+    "flashinfer_jit_venv": ("dir", "venv"),
+    "flashinfer_jit_bundle_dir": ("module_path", None),
+    "flashinfer_jit_node_bundle_dir": ("dir", None),
+}
+# Used only by one cuda_toolkit method (cuda_toolkit_method): the other method's variables are not checked.
+CUDA_WHEELS_ONLY = frozenset(
+    {"cuda_toolkit_prefix", "cuda_toolkit_pip_python", "cuda_toolkit_wheelhouse", "cuda_toolkit_index_url",
+     "cuda_toolkit_extra_index_urls"}
+)  # fmt: skip
+CUDA_APT_ONLY = frozenset({"cuda_toolkit_apt_mirror", "cuda_toolkit_apt_key_name"})
 
 
 def _normalize(name: str) -> str:
@@ -122,6 +176,7 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
             f'SGLang pins are CUDA 13 builds: use "13.0.1"{WHERE}'
         )
 
+    component_releases: dict[str, list[str]] = {}
     for name, version in (s.get("cuda_components") or {}).items():
         version = str(version)
         name_problem = _name_problem(name)
@@ -141,6 +196,10 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
                 f"sm120kit_cuda_components['{name}']: '{version}' is not a CUDA 13 component; CUDA 13.0.1 uses "
                 f"13.0.88 (13.0.85 for cccl){WHERE}"
             )
+        else:
+            component_releases.setdefault(_major_minor(version), []).append(str(name))
+    apt_version = str(s.get("cuda_apt_version", "")) if s.get("cuda_toolkit_method") == "apt" else ""
+    problems += _cuda_release_problems("sm120kit_cuda_version", cuda, component_releases, apt_version)
 
     extra = s.get("extra_python_packages")
     if not isinstance(extra, Mapping):
@@ -261,7 +320,126 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
         )
     elif mirror:
         problems += _http_problems("cuda_toolkit_apt_mirror", str(mirror), s)
+    problems += _role_var_problems(s, component_releases)
     return problems
+
+
+def _major_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _cuda_release_problems(var: str, cuda: str, components: Mapping[str, list[str]], apt_version: str) -> list[str]:
+    """A CUDA release the pinned components (and the apt pin) do not belong to: no such toolkit would be installed."""
+    if not RELEASE.fullmatch(cuda) or not cuda.startswith("13."):
+        return []  # reported as malformed or not CUDA 13 already
+    if len(components) > 1:
+        mixed = "; ".join(f"{release}: {', '.join(names)}" for release, names in sorted(components.items()))
+        return [
+            f"sm120kit_cuda_components: the components belong to different CUDA releases ({mixed}); pin every "
+            f"component of one release (CUDA 13.0.1: 13.0.88, 13.0.85 for cccl){WHERE}"
+        ]
+    problems = []
+    if components and _major_minor(cuda) not in components:
+        (release,) = components
+        problems.append(
+            f"{var}: '{cuda}' is CUDA {_major_minor(cuda)}, but the pinned sm120kit_cuda_components are CUDA "
+            f"{release} ({', '.join(components[release])}): no such toolkit would be installed. Set {var} to the "
+            f'release the components belong to (e.g. "13.0.1" for 13.0.88), or pin the components of CUDA '
+            f"{_major_minor(cuda)} in sm120kit_cuda_components{WHERE}"
+        )
+    if APT_VERSION.fullmatch(apt_version) and apt_version.rsplit("-", 1)[0] != cuda:
+        problems.append(
+            f"{var}: '{cuda}' differs from sm120kit_cuda_apt_version '{apt_version}' (the apt method pins that "
+            f"release of cuda-toolkit-{_major_minor(cuda).replace('.', '-')}): write the same release in both, "
+            f'e.g. "{cuda}-1"{WHERE}'
+        )
+    return problems
+
+
+def _role_var_problems(s: Mapping[str, Any], component_releases: Mapping[str, list[str]]) -> list[str]:
+    """Role variables set directly (inventory, -e) skip the sm120kit_* rules: the same rules, under their own name."""
+    role_vars = s.get("role_vars") or {}
+    if not isinstance(role_vars, Mapping):
+        return []
+    method = str(s.get("cuda_toolkit_method") or "wheels")
+    problems: list[str] = []
+    for name, (kind, base) in ROLE_VARS.items():
+        if name not in role_vars:
+            continue
+        if (name in CUDA_WHEELS_ONLY and method != "wheels") or (name in CUDA_APT_ONLY and method != "apt"):
+            continue
+        value = role_vars[name]
+        if base is not None and base in s and value == s[base]:
+            continue  # the sm120kit_* setting it defaults to, checked (and named) above
+        role = next(r for r in ROLES if name.startswith(r + "_"))
+        where = f" (the {role} role's variable, set in your inventory or with -e; see roles/{role}/README.md)"
+        if kind == "urls":
+            if not isinstance(value, (list, tuple)):
+                problems.append(f"{name}: must be a list of index URLs{where}")
+                continue
+            for i, url in enumerate(value):
+                problems += [p + where for p in _url_problems(f"{name}[{i}]", url, s)]
+            continue
+        if kind == "url":
+            problems += [p + where for p in _url_problems(name, value, s)]
+            continue
+        if kind in ("cuda", "nccl"):
+            text = str(value)
+            if not RELEASE.fullmatch(text):
+                problems.append(f'{name}: {text!r} is not a full release number such as "13.0.1"{where}')
+            elif kind == "cuda":
+                if len(component_releases) == 1:  # mixed components are reported under sm120kit_cuda_components
+                    found = _cuda_release_problems(name, text, component_releases, "")
+                    problems += [p.replace(WHERE, where) for p in found]
+                if not text.startswith("13."):
+                    problems.append(f"{name}: '{text}' is not CUDA 13; SM120 needs CUDA 13: use \"13.0.1\"{where}")
+            elif _version_tuple(text) < NCCL_MIN:
+                problems.append(f"{name}: '{text}' is older than 2.26.2, which SM120 needs; use \"2.30.7\"{where}")
+            continue
+        problem = _role_value_problem(kind, value)
+        if problem:
+            problems.append(f"{name}: {str(value)!r} {problem}{where}")
+    return problems
+
+
+ROLES = ("python_stack", "cuda_toolkit", "nccl", "cuda_env", "sm120check", "sglang_sm120", "flashinfer_jit")
+
+
+def _role_value_problem(kind: str, value: object) -> str | None:
+    """Why a role variable's `value` is not a `kind` (see ROLE_VARS), or None."""
+    if not isinstance(value, str):
+        return f"must be a string, not a {type(value).__name__}"
+    if kind == "module":
+        return None if IDENTIFIER.fullmatch(value) else "is not a Python module name (letters, digits and _)"
+    if kind == "file_name":
+        return None if FILE_NAME.fullmatch(value) else "is not a plain file name (letters, digits, . _ + -; no /)"
+    if kind == "opt_dir":
+        return _path_problem(value, system_ok=True) if value else None
+    if kind == "module_path":
+        if not value.startswith("/"):
+            return "must be an absolute path"
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            return "contains a newline or another control character"
+        return None
+    if kind == "control":
+        if not value.startswith("/"):
+            return "must be an absolute path"
+        return _path_problem(posixpath.normpath(value), system_ok=True)
+    if kind == "file":
+        problem = _path_problem(value, system_ok=True)
+        if problem is None and (value in SYSTEM_DIRS or value.count("/") < 2):
+            problem = "is a system directory (or a top-level one), not a file path"
+        return problem
+    return _path_problem(value)
+
+
+def _url_problems(var: str, url: object, s: Mapping[str, Any]) -> list[str]:
+    """The URL checks of the sm120kit_* indexes, without the suffix naming where to set them."""
+    if not url:
+        return []
+    if not URL.fullmatch(str(url)):
+        return [f"{var}: {_redact(str(url))!r} is not an http(s) URL (no spaces, quotes, newlines or shell characters)"]
+    return _http_problems(var, str(url), s)
 
 
 def _http_problems(var: str, url: str, s: Mapping[str, Any]) -> list[str]:
