@@ -15,6 +15,7 @@ SGLANG_CLIENT_PYTHON = Path("/tmp/sglbench-venv/bin/python")
 
 BENCHMARKS: list[tuple[str, list[str], str | None]] = [
     ("doctor speed", ["doctor_speed.py"], None),
+    ("bench client overhead at C=250 (chunks per CPU-second, client wait, server lag)", ["client_overhead.py"], None),
     ("core converge vs pip install", ["converge.py"], None if shutil.which("podman") else "podman missing: make lab"),
     ("fleet doctor at 1, 3, 6 nodes", ["fleet_doctor.py"], None if shutil.which("podman") else "podman missing"),
     (

@@ -1,16 +1,22 @@
-"""What the client itself costs at C=250: against a server whose steps take no time, one client process must keep
-250 streams going, count every chunk, and add little latency of its own.
+"""What the client must do at C=250 against a server whose steps take no time: keep 250 streams in flight at once,
+count every chunk, and record its own overhead per request.
 
-Bounds are deliberately loose (two shared cores here); the measured numbers are printed (pytest -s) and recorded in
-docs/bench.md. `server_lag` is the time from the simulated server stamping a step's chunks to the client having
-parsed each of them (same CLOCK_MONOTONIC in both processes): server write + loopback + client queueing + parsing.
+No clock is asserted here (the machines are noisy): how fast the client is (chunks per CPU-second, client wait
+before send, server->parsed lag) is measured and printed by `make bench` (benchmarks/client_overhead.py, JSON in
+benchmarks/results/client_overhead.json). This test keeps what is logical: the simulated server starts its first
+step only once 250 requests are in flight (--start-batch), so a client that sent them one after another would
+time out instead of passing, and the server's own counts say how many were in flight together.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import json
+import math
+import urllib.request
 from collections.abc import Callable
+
+import pytest
 
 from bench.conftest import Sim
 from sm120check.bench.apis import Api, RequestSpec
@@ -21,27 +27,34 @@ C = 250
 OUTPUT_LEN = 32
 
 
-def test_one_process_sustains_250_streams_with_small_added_latency(sim_factory: Callable[..., Sim]) -> None:
-    sim = sim_factory("plain", "--a-ms", "0", "--b-ms", "0", "--c-ms", "0", "--d-ms", "0")
+def sim_stats(sim: Sim) -> dict[str, int]:
+    with urllib.request.urlopen(f"{sim.url}/get_server_info", timeout=30) as resp:
+        stats: dict[str, int] = json.load(resp)["sim_stats"]
+    return stats
+
+
+@pytest.mark.timeout(600)  # a guard: a client that does not overlap its requests times out at the barrier instead
+def test_one_process_keeps_250_streams_in_flight_and_records_its_own_wait(sim_factory: Callable[..., Sim]) -> None:
+    sim = sim_factory("plain", "--a-ms", "0", "--b-ms", "0", "--c-ms", "0", "--d-ms", "0", "--start-batch", str(C))
     plan = LevelPlan(C, requests=2 * C, warmup=1, request_timeout=120, level_timeout=300)
     spec = RequestSpec("hello world", OUTPUT_LEN)
-    cpu0, wall0 = time.process_time(), time.perf_counter()
     records, t0, t1, timed_out = asyncio.run(run_level(Endpoint.parse(sim.url), Api.SGLANG, plan, lambda i: spec))
-    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     summary = summarize(C, records, t0, t1, timed_out)
 
-    chunks = sum(len(r.chunks) for r in records)
     assert not timed_out and summary.errors == 0
     assert len(records) == 3 * C and all(r.tokens == OUTPUT_LEN for r in records)
-    assert summary.server_lag_s is not None and summary.client_wait_s is not None
-    print(
-        f"\nC={C}: {len(records)} requests, {chunks} chunks in {wall:.2f} s wall, {cpu:.2f} s client CPU -> "
-        f"{chunks / wall:.0f} chunks/s wall, {chunks / cpu:.0f} chunks per CPU-second; "
-        f"throughput {summary.throughput_tok_s:.0f} tok/s; server->parsed lag p50 "
-        f"{summary.server_lag_s.p50 * 1e3:.1f} ms p99 {summary.server_lag_s.p99 * 1e3:.1f} ms; "
-        f"client wait before send p50 {summary.client_wait_s.p50 * 1e3:.2f} ms "
-        f"p99 {summary.client_wait_s.p99 * 1e3:.2f} ms"
+    # every chunk counted: the plain server sends one token per step, one chunk per token
+    assert all(len(r.chunks) == OUTPUT_LEN for r in records)
+    stats = sim_stats(sim)
+    # the server saw exactly the requests the client made, C of them at once (the barrier needs all C), never more
+    assert stats["requests"] == 3 * C and stats["in_flight"] == 0
+    assert stats["max_in_flight"] == C and stats["max_step_batch"] == C
+    # the client's own wait before send is recorded for every steady request, and is a duration (not negative)
+    wait = summary.client_wait_s
+    assert wait is not None and summary.server_lag_s is not None
+    assert all(r.sent >= r.scheduled for r in records)
+    assert all(math.isfinite(v) and v >= 0 for v in (wait.mean, wait.p50, wait.p99)) and wait.p50 <= wait.p99
+    record = json.loads(json.dumps(summary.to_json()))
+    assert (
+        record["client_wait_s"]["p50"] == round(wait.p50, 6) and record["server_lag_s"]["n"] == summary.server_lag_s.n
     )
-    assert chunks / cpu > 2000  # chunks the client parses per CPU-second
-    assert summary.client_wait_s.p50 < 0.05
-    assert summary.server_lag_s.p50 < 0.5

@@ -47,15 +47,13 @@ def test_a_node_whose_doctor_hangs_is_cut_off_at_the_fleet_timeout(tmp_path: Pat
     runs = tmp_path / "runs"
     try:
         argv = doctor_argv(inventory, runs, fleet_doctor_level=1, fleet_doctor_timeout=4)
-        start = time.monotonic()
         run = run_playbook([*argv, "-e", "fleet_doctor_fail_on_error=false"], timeout=240)
-        took = time.monotonic() - start
     finally:
         inventory.unlink(missing_ok=True)
     assert run.rc == 0, run.tail()
-    assert took < 25, f"the play took {took:.0f} s: the doctor's own 30 s NVML limit, not fleet_doctor_timeout"
     nodes = {node["host"]: node for node in json.loads((runs / "latest" / "fleet.json").read_text())["nodes"]}
     assert nodes["hung"]["state"] == "error"
+    # cut off by fleet_doctor_timeout (4 s), not ended by the doctor's own 30 s NVML limit: that would be a report
     assert "the doctor did not finish within 4 s (fleet_doctor_timeout)" in str(nodes["hung"]["error"])
     assert nodes["here"]["state"] != "error", nodes["here"]
     probe = int(pidfile.read_text())

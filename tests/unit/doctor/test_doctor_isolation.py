@@ -194,11 +194,13 @@ def test_hung_nvcc_is_bounded_by_the_timeout_and_its_helpers_are_killed(tmp_path
     pids = tmp_path / "nvcc.pids"
     home = tmp_path / "cuda"
     (home / "bin").mkdir(parents=True)
-    (home / "bin" / "nvcc").write_text(f"#!/bin/sh\nsleep 991 &\necho $$ $! > {pids}\nsleep 992\n", encoding="utf-8")
+    calls = tmp_path / "nvcc.calls"
+    script = f"#!/bin/sh\necho call >> {calls}\nsleep 991 &\necho $$ $! > {pids}\nsleep 992\n"
+    (home / "bin" / "nvcc").write_text(script, encoding="utf-8")
     (home / "bin" / "nvcc").chmod(0o755)
-    start = time.monotonic()
     run = doctor("--select", "toolkit", "--timeout", "2", "--json", env={"CUDA_HOME": str(home)}, timeout=GUARD)
-    assert time.monotonic() - start < GUARD / 2  # one bounded nvcc call, not two fixed 20 s limits
+    # one nvcc call, bounded by --timeout (the verdict names it), not a second one after the first hung
+    assert calls.read_text().split() == ["call"]
     toolkit = _results(run.stdout)["toolkit"]
     assert toolkit["status"] == "fail" and "did not answer in 2 s" in str(toolkit["details"])
     shell, helper = map(int, pids.read_text().split())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import threading
 import time
 
 import pytest
@@ -88,39 +88,84 @@ def test_exit_code_is_1_only_when_something_failed() -> None:
     assert runner.exit_code(runner.run([ToyCheck("d", Status.FAIL)], Context())) == 1
 
 
-class _Timed:
-    """A check that records when it ran; it waits `seconds` like a check waiting on a child process."""
+class _Rendezvous:
+    """A check that waits like one waiting on a child process, for events rather than for time: `meet` is a barrier
+    the side-by-side checks must all reach (a runner running them one after another never fills it), `after` an event
+    this check waits for before it finishes, `sets` the one it sets when it starts. Failing runners are caught by the
+    waits' generous timeouts (a verdict of error), never by how long the run took."""
 
     family = "toy"
 
-    def __init__(self, check_id: str, level: int, log: list[tuple[str, float, float]], requires: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        check_id: str,
+        level: int,
+        log: list[str],
+        requires: tuple[str, ...] = (),
+        meet: threading.Barrier | None = None,
+        after: threading.Event | None = None,
+        sets: threading.Event | None = None,
+    ):
         self.id, self.level, self.requires, self.log = check_id, level, requires, log
+        self.meet, self.after, self.sets = meet, after, sets
 
     def run(self, ctx: Context) -> Result:
-        start = time.monotonic()
-        time.sleep(0.3)
-        self.log.append((self.id, start, time.monotonic()))
+        self.log.append(f"{self.id} start")
+        if self.sets is not None:
+            self.sets.set()
+        if self.meet is not None:
+            self.meet.wait(timeout=30)  # raises BrokenBarrierError unless all parties run at once
+        if self.after is not None and not self.after.wait(timeout=30):
+            return Result(self.id, Status.FAIL, "the event it waited for never came")
+        self.log.append(f"{self.id} end")
         return Result(self.id, Status.PASS, "ok")
 
 
 def test_independent_single_node_checks_run_side_by_side_and_report_in_order() -> None:
-    log: list[tuple[str, float, float]] = []
-    checks = [_Timed("a", 1, log), _Timed("b", 2, log), _Timed("c", 2, log), _Timed("d", 2, log, requires=("a",))]
-    start = time.monotonic()
+    log: list[str] = []
+    together, d_started = threading.Barrier(3), threading.Event()
+    checks = [
+        _Rendezvous("a", 1, log, meet=together),
+        _Rendezvous("b", 2, log, meet=together, after=d_started),
+        _Rendezvous("c", 2, log, meet=together, after=d_started),
+        _Rendezvous("d", 2, log, requires=("a",), sets=d_started),
+    ]
     reported: list[str] = []
     results = runner.run(checks, Context(), on_result=lambda r: reported.append(r.id))
-    assert time.monotonic() - start < 0.9  # a, b, c together; d after a: two waits, not four
+    # a, b and c met at the barrier: they ran side by side; b and c finished only after d had started, so d ran
+    # as soon as its prerequisite a was done, not after every other check (two waits, not four)
+    assert [(r.id, r.status) for r in results] == [(i, Status.PASS) for i in "abcd"]
     assert [r.id for r in results] == reported == ["a", "b", "c", "d"]
-    spans = {check_id: (begin, end) for check_id, begin, end in log}
-    assert spans["d"][0] >= spans["a"][1]  # a prerequisite finishes before its dependent starts
+    assert log.index("d start") > log.index("a end")  # a prerequisite finishes before its dependent starts
+    assert log.index("d start") < min(log.index("b end"), log.index("c end"))
+
+
+class _Counted:
+    """A check that counts how many checks are running while it runs (a count, not a clock: the short sleep only
+    gives an overlapping runner the chance to show itself; a runner that keeps them apart passes whatever the load)."""
+
+    family = "toy"
+
+    def __init__(self, check_id: str, level: int, running: list[int], most: list[int], lock: threading.Lock):
+        self.id, self.level, self.requires = check_id, level, ()
+        self.running, self.most, self.lock = running, most, lock
+
+    def run(self, ctx: Context) -> Result:
+        with self.lock:
+            self.running[0] += 1
+            self.most.append(self.running[0])
+        time.sleep(0.05)
+        with self.lock:
+            self.running[0] -= 1
+        return Result(self.id, Status.PASS, "ok")
 
 
 def test_multi_gpu_checks_run_alone_one_after_another() -> None:
-    log: list[tuple[str, float, float]] = []
-    checks = [_Timed("single", 2, log), _Timed("nccl", 3, log), _Timed("fusion", 3, log)]
-    runner.run(checks, Context())
-    spans = sorted((begin, end) for _, begin, end in log)
-    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
+    running, most, lock = [0], [], threading.Lock()
+    checks = [_Counted(i, level, running, most, lock) for i, level in (("single", 2), ("nccl", 3), ("fusion", 3))]
+    results = runner.run(checks, Context())
+    assert [r.id for r in results] == ["single", "nccl", "fusion"]
+    assert most == [1, 1, 1]  # each check found itself alone
 
 
 def test_a_prerequisite_ordered_after_its_dependent_is_refused() -> None:

@@ -46,12 +46,15 @@ class SimModel:
     seed: int = 0
     num_steps: int = 3  # reported as speculative_num_steps
     admit_grace: float = 0.003  # seconds a step waits, inside its own duration, for requests arriving right now
+    start_batch: int = 1  # the first step waits until this many requests are in flight (a logical barrier)
 
     def __post_init__(self) -> None:
         if self.mode not in ("plain", "spec"):
             raise ValueError(f"mode {self.mode!r} must be 'plain' or 'spec'")
         if min(self.a, self.b, self.c, self.d) < 0 or self.tau < 1 or self.max_batch < 1:
             raise ValueError("step times must be >= 0, tau >= 1 and max_batch >= 1")
+        if not 1 <= self.start_batch <= self.max_batch:
+            raise ValueError("start_batch must be between 1 and max_batch")
 
     def step_time(self, batch: int) -> float:
         return self.a + self.b * batch if self.mode == "plain" else self.c + self.d * batch
@@ -84,12 +87,17 @@ class _Seq:
     produced: int = 0
     verify_ct: int = 0
     text_len: int = 0
+    reader: asyncio.StreamReader | None = None  # to see a client that hung up (EOF) while its request waits
 
 
 @dataclass
 class _Stats:
     accepted_tokens: int = 0
     verify_steps: int = 0
+    requests: int = 0  # generate requests accepted
+    in_flight: int = 0  # accepted and not yet finished (waiting or running)
+    max_in_flight: int = 0
+    max_step_batch: int = 0  # the largest batch one step served
     started: float = field(default_factory=time.monotonic)
 
 
@@ -127,6 +135,19 @@ class SimServer:
         loop = asyncio.get_running_loop()
         next_start: float | None = None
         while True:
+            # --start-batch: no step until that many requests are in flight at once, so a client that sends them
+            # one after another never gets an answer (its request timeout says so) and a concurrent one passes;
+            # requests whose client hung up do not count
+            gone = [s for s in self._waiting if s.writer.is_closing() or (s.reader is not None and s.reader.at_eof())]
+            for seq in gone:
+                self._waiting.remove(seq)
+                if not seq.done.done():
+                    seq.done.set_result(None)
+            if len(self._waiting) >= self.model.start_batch:
+                break
+            self._wake.clear()
+            await self._wake.wait()
+        while True:
             if not self._waiting and not self._running:
                 self._wake.clear()
                 await self._wake.wait()
@@ -150,6 +171,7 @@ class SimServer:
 
     def _step(self) -> None:
         self.steps += 1
+        self._stats.max_step_batch = max(self._stats.max_step_batch, len(self._running))
         spec = self.model.mode == "spec"
         base, frac = int(self.model.tau), self.model.tau - int(self.model.tau)
         stamp = time.monotonic()
@@ -240,7 +262,7 @@ class SimServer:
                 if len(parts) < 2:
                     _respond(writer, 400, {"error": "bad request line"})
                     break
-                await self._route(parts[0], parts[1].split("?", 1)[0], body, writer)
+                await self._route(parts[0], parts[1].split("?", 1)[0], body, writer, reader)
                 if headers.get("connection", "").lower() == "close":
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -248,7 +270,14 @@ class SimServer:
         finally:
             writer.close()
 
-    async def _route(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter) -> None:
+    async def _route(
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        writer: asyncio.StreamWriter,
+        reader: asyncio.StreamReader | None = None,
+    ) -> None:
         if method == "GET" and path in ("/health", "/health_generate"):
             _respond(writer, 200, None)
         elif method == "GET" and path in ("/get_server_info", "/server_info"):
@@ -256,7 +285,7 @@ class SimServer:
         elif method == "GET" and path == "/v1/models":
             _respond(writer, 200, {"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
         elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions", "/generate"):
-            await self._generate(path, body, writer)
+            await self._generate(path, body, writer, reader)
         else:
             _respond(writer, 404, {"error": {"message": f"no route {method} {path}"}})
 
@@ -273,10 +302,19 @@ class SimServer:
             "speculative_num_draft_tokens": self.model.num_steps + 1 if spec else None,
             "max_running_requests": self.model.max_batch,
             "sim_model": {k: getattr(self.model, k) for k in ("mode", "a", "b", "c", "d", "tau", "max_batch")},
+            "sim_stats": {  # counts, not clocks: what the client did, as the server saw it
+                "requests": self._stats.requests,
+                "in_flight": self._stats.in_flight,
+                "max_in_flight": self._stats.max_in_flight,
+                "max_step_batch": self._stats.max_step_batch,
+                "steps": self.steps,
+            },
             "internal_states": [{"avg_spec_accept_length": accept, "last_gen_throughput": 0.0}],
         }
 
-    async def _generate(self, path: str, body: bytes, writer: asyncio.StreamWriter) -> None:
+    async def _generate(
+        self, path: str, body: bytes, writer: asyncio.StreamWriter, reader: asyncio.StreamReader | None = None
+    ) -> None:
         try:
             req = json.loads(body)
             if not isinstance(req, dict):
@@ -312,6 +350,7 @@ class SimServer:
             include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
             continuous_usage=bool(isinstance(options, dict) and options.get("continuous_usage_stats")),
             done=asyncio.get_running_loop().create_future(),
+            reader=reader,
         )
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
@@ -321,9 +360,15 @@ class SimServer:
             role: dict[str, object] = {"id": seq.rid, "object": "chat.completion.chunk", "model": seq.model}
             role["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
             writer.write(_frame(role))
+        self._stats.requests += 1
+        self._stats.in_flight += 1
+        self._stats.max_in_flight = max(self._stats.max_in_flight, self._stats.in_flight)
         self._waiting.append(seq)
         self._wake.set()
-        await seq.done
+        try:
+            await seq.done
+        finally:
+            self._stats.in_flight -= 1
 
 
 def _frame(event: Mapping[str, object]) -> bytes:
@@ -356,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--admit-grace-ms", type=float, default=3.0, help="batch forms this long into each step")
+    parser.add_argument(
+        "--start-batch", type=int, default=1, help="first step waits until this many requests are in flight"
+    )
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="exit after this long (a bound, not a hang)")
     args = parser.parse_args(argv)
     try:
@@ -369,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             max_batch=args.max_batch,
             seed=args.seed,
             admit_grace=args.admit_grace_ms / 1e3,
+            start_batch=args.start_batch,
         )
     except ValueError as exc:
         parser.error(str(exc))
