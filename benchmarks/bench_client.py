@@ -19,13 +19,14 @@ import argparse
 import datetime
 import json
 import os
-import re
 import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from simserver_proc import start_sim
 
 ROOT = Path(__file__).resolve().parents[1]
 A, B = 0.010, 0.0004  # the simulated plain server's step time a + b*B, seconds
@@ -58,15 +59,7 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None, timeout: flo
 
 
 def start_server() -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "sm120check.bench.simserver", "--mode", "plain", "--port", "0"]
-    cmd += ["--a-ms", str(A * 1e3), "--b-ms", str(B * 1e3), "--max-seconds", "3600"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    match = re.search(r"http://127\.0\.0\.1:\d+", proc.stdout.readline())
-    if not match:
-        proc.kill()
-        raise RuntimeError("the simulated server did not start")
-    return proc, match.group(0)
+    return start_sim("--a-ms", str(A * 1e3), "--b-ms", str(B * 1e3), "--max-seconds", "3600")
 
 
 def ours(url: str, c: int, n: int, output_len: int, input_len: int) -> dict[str, float]:

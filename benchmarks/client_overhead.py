@@ -18,12 +18,13 @@ import asyncio
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from simserver_proc import start_sim
 
 from sm120check.bench.apis import Api, RequestSpec
 from sm120check.bench.http import Endpoint
@@ -35,15 +36,7 @@ TARGETS = {"client_wait_p50_ms": ("<", 50.0), "server_lag_p50_ms": ("<", 500.0),
 
 
 def start_server(concurrency: int) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "sm120check.bench.simserver", "--mode", "plain", "--port", "0"]
-    cmd += ["--a-ms", "0", "--b-ms", "0", "--start-batch", str(concurrency), "--max-seconds", "3600"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    match = re.search(r"http://127\.0\.0\.1:\d+", proc.stdout.readline())
-    if not match:
-        proc.kill()
-        raise RuntimeError("the simulated server did not start")
-    return proc, match.group(0)
+    return start_sim("--a-ms", "0", "--b-ms", "0", "--start-batch", str(concurrency), "--max-seconds", "3600")
 
 
 def one_run(url: str, concurrency: int, output_len: int) -> dict[str, float]:

@@ -19,13 +19,14 @@ import shutil
 import stat
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from lab.loopback import serve, url
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = str(Path(sys.executable).parent / "ansible-playbook")
@@ -171,12 +172,8 @@ def server(keys: dict[str, Any]) -> Iterator[str]:
     """A 127.0.0.1 HTTP server for the key directory; yields its base URL."""
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(keys["dir"]))
     handler.log_message = lambda *args: None  # type: ignore[attr-defined]
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
+    with serve(handler) as httpd:
+        yield url(httpd) + "/"
 
 
 KEY_PLAY = """---

@@ -9,12 +9,12 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from bench.conftest import run_subcommand
+from lab.loopback import QuietHandler, serve, sse, url
 from sm120check.cli import main
 
 
@@ -33,10 +33,7 @@ class StallServer:
 def stall_server(answer_info: int) -> Iterator[StallServer]:
     state = StallServer(answer_info)
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             state.paths.append(self.path)
             if self.path in ("/get_server_info", "/server_info"):
@@ -44,9 +41,9 @@ def stall_server(answer_info: int) -> Iterator[StallServer]:
                     state.release.wait(60)  # the stall: bounded only so the test's threads end
                     return
                 state.answer_info -= 1
-                self._send(200, "application/json", b'{"version": "stall-test"}')
+                self.send(200, "application/json", b'{"version": "stall-test"}')
                 return
-            self._send(404, "application/json", b"{}")
+            self.send(404, "application/json", b"{}")
 
         def do_POST(self) -> None:
             state.paths.append(self.path)
@@ -55,29 +52,14 @@ def stall_server(answer_info: int) -> Iterator[StallServer]:
                 {"text": " tok" * n, "meta_info": {"completion_tokens": n, "finish_reason": None}} for n in (1, 2, 3)
             ]
             events[-1]["meta_info"]["finish_reason"] = {"type": "length", "length": 3}  # type: ignore[index]
-            body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
-            self._send(200, "text/event-stream", body)
+            self.send(200, "text/event-stream", sse(events))
 
-        def _send(self, status: int, kind: str, body: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        yield state
-    finally:
-        state.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with serve(Handler) as server:
+        state.url = url(server)
+        try:
+            yield state
+        finally:
+            state.release.set()
 
 
 def bench(url: str, *extra: str) -> int:

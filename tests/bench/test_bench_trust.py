@@ -8,14 +8,13 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from bench.conftest import run_subcommand
+from lab.loopback import QuietHandler, serve, sse, url
 from sm120check.bench.records import LevelSummary
 
 
@@ -31,15 +30,12 @@ def lying_server(counts: list[int], meta: dict[str, object] | None = None, info:
     """/generate streams SGLang events with the given cumulative completion_tokens (plus `meta` in the last one);
     /get_server_info answers the raw text `info` (which may hold NaN or Infinity)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             if self.path in ("/get_server_info", "/server_info"):
-                self._send(200, "application/json", info.encode())
+                self.send(200, "application/json", info.encode())
             else:
-                self._send(404, "application/json", b"{}")
+                self.send(404, "application/json", b"{}")
 
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -50,27 +46,10 @@ def lying_server(counts: list[int], meta: dict[str, object] | None = None, info:
             last = events[-1]["meta_info"]
             assert isinstance(last, dict)
             last.update(meta or {}, finish_reason={"type": "length"})
-            body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
-            self._send(200, "text/event-stream", body)
+            self.send(200, "text/event-stream", sse(events))
 
-        def _send(self, status: int, kind: str, body: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with serve(Handler) as server:
+        yield url(server)
 
 
 def bench(url: str, out: Path, *extra: str) -> dict[str, object]:

@@ -10,14 +10,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from bench.conftest import Sim
+from lab.loopback import QuietHandler, serve, url
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAY = "- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [sglang_server]\n"
@@ -192,27 +191,18 @@ PREFLIGHT_SKIP = (
 )
 
 
-class _SGLang(BaseHTTPRequestHandler):
+class _SGLang(QuietHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         body = b"" if path == "/health" else json.dumps(SERVER_INFO).encode()
-        self.send_response(200 if path in ("/health", "/server_info", "/get_server_info") else 404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.send(200 if path in ("/health", "/server_info", "/get_server_info") else 404, "application/json", body)
 
 
 @pytest.fixture(scope="module")
 def sglang_url() -> Iterator[str]:
     """A real HTTP server on 127.0.0.1 answering /health and /server_info like a live SGLang 0.5.23."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SGLang)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serve(_SGLang) as server:
+        yield url(server)
 
 
 def run_verified(tmp: Path, url: str, log: list[str], check: bool = False) -> subprocess.CompletedProcess[str]:

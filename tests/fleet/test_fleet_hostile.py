@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from fleet_files import REAL, real_with, write_nodes
 
 from sm120check.cli import main
 from sm120check.fleet import render
@@ -17,8 +18,6 @@ from sm120check.fleet.collect import REACHED
 from sm120check.fleet.load import load
 from sm120check.fleet.model import NodeState
 
-FIXTURES = Path(__file__).parent / "fixtures"
-REAL = (FIXTURES / "vm-level2.json").read_text(encoding="utf-8")  # a real `sm120check doctor --json` report
 DEEP = "[" * 200_000 + "]" * 200_000
 
 
@@ -32,20 +31,6 @@ def collect(tmp_path: Path, results: dict[str, object], capsys: pytest.CaptureFi
     run = tmp_path / "run"
     code = main(["fleet", "collect", str(run), "--results", str(source), "--no-latest"])
     return code, run, capsys.readouterr().out
-
-
-def write_nodes(run: Path, files: dict[str, str]) -> Path:
-    nodes = run / "nodes"
-    nodes.mkdir(parents=True)
-    for host, text in files.items():
-        (nodes / f"{host}.json").write_text(text, encoding="utf-8")
-    return run
-
-
-def real_with(**changes: object) -> str:
-    document = json.loads(REAL)
-    document.update(changes)
-    return json.dumps(document)
 
 
 def real_with_result(index: int, **changes: object) -> str:

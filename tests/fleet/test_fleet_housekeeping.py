@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fleet_files import FIXTURES, REAL, real_with, write_nodes
 
 from sm120check.cli import main
 from sm120check.fleet import render
@@ -19,10 +20,8 @@ from sm120check.fleet.collect import REACHED
 from sm120check.fleet.load import load
 from sm120check.fleet.model import NodeState
 
-FIXTURES = Path(__file__).parent / "fixtures"
 READY_RUN = FIXTURES / "run-ready"
 BROKEN_RUN = FIXTURES / "run-broken"
-REAL = (FIXTURES / "vm-level2.json").read_text(encoding="utf-8")  # a real `sm120check doctor --json` report
 SRC = Path(__file__).resolve().parents[2] / "python" / "sm120check" / "src"
 SECRET = "root:x:0:0:SECRET-LINE:/root:/bin/bash\n"
 
@@ -35,18 +34,6 @@ def results_file(tmp_path: Path, hosts: list[str]) -> Path:
     source = tmp_path / f"results-{len(hosts)}.json"
     source.write_text(json.dumps({host: registered() for host in hosts}), encoding="utf-8")
     return source
-
-
-def write_nodes(run: Path, files: dict[str, str]) -> Path:
-    nodes = run / "nodes"
-    nodes.mkdir(parents=True)
-    for host, text in files.items():
-        (nodes / f"{host}.json").write_text(text, encoding="utf-8")
-    return run
-
-
-def real_with(**changes: object) -> str:
-    return json.dumps(json.loads(REAL) | changes)
 
 
 def victim(tmp_path: Path) -> Path:

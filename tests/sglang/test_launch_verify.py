@@ -22,6 +22,7 @@ import pytest
 from sglang_logs import LOG_PREFIX, log_formats, render, server_args_fields
 from sglang_releases import release_dir
 
+from lab.loopback import serve
 from sm120check import cli
 from sm120check.sglang import launch, launch_cli
 
@@ -136,14 +137,13 @@ class Docs:
 
 @pytest.fixture(scope="module")
 def docs() -> Iterator[Docs]:
-    server = _Server(("127.0.0.1", 0), _Handler)
-    server.routes, server.release = {}, threading.Event()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield Docs(server)
-    server.release.set()
-    server.shutdown()
-    server.server_close()
+    with serve(_Handler, _Server) as server:
+        assert isinstance(server, _Server)
+        server.routes, server.release = {}, threading.Event()
+        try:
+            yield Docs(server)
+        finally:
+            server.release.set()
 
 
 # --- documents from a release ----------------------------------------------------------------------------------------

@@ -84,6 +84,9 @@ def test_direct_multimem_lookup_becomes_tolerant_in_0_5_4() -> None:
     patched = symm_mem.tolerate_multimem_lookup(fixture("symm_mem-0.5.4"), rel, "SymmMemCommunicator")
     assert "self._WORLD_SIZES_MULTIMEM[self.device_capability]" not in patched
     assert "self._WORLD_SIZES_MULTIMEM.get(self.device_capability, ())" in patched
+    edited = [line for line in patched.splitlines() if "_WORLD_SIZES_MULTIMEM.get(self.device_capability, ())" in line]
+    assert edited and all("# sm120kit: a major not listed selects two-shot" in line for line in edited)
+    compile(patched, "symm_mem.py", "exec")
 
 
 def test_runtime_gate_admits_sm120_with_its_flag_and_import() -> None:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from sm120check.sglang.errors import Refusal
-from sm120check.sglang.textedit import MARK, Source, mark_lines, replace
+from sm120check.sglang.textedit import MARK, Source, mark_lines, replace, top_level_names
 from sm120check.sglang.tree import SourceTree
 
 GATE_FILES: dict[str, str] = {
@@ -227,18 +227,6 @@ def _sm120_form(segment: str, rel: str) -> str:
     return new
 
 
-def _top_level_names(module: ast.Module) -> set[str]:
-    names: set[str] = set()
-    for node in module.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-    return names
-
-
 def _loads(module: ast.Module, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(module))
 
@@ -264,7 +252,7 @@ def admit_sm120(text: str, rel: str) -> str:
 
 def _define_sm120_var(text: str, rel: str) -> str:
     module = ast.parse(text)
-    if not _loads(module, SM120_VAR) or SM120_VAR in _top_level_names(module):
+    if not _loads(module, SM120_VAR) or SM120_VAR in top_level_names(module):
         return text
     src = Source(text)
     for node in module.body:
@@ -286,7 +274,7 @@ def _import_sm120_helper(text: str, rel: str) -> str:
 def import_helper(text: str, rel: str, helper: str) -> str:
     """`from sglang.srt.utils import <helper>` after the last top-level import, when the file uses it undefined."""
     module = ast.parse(text)
-    if not _loads(module, helper) or helper in _top_level_names(module):
+    if not _loads(module, helper) or helper in top_level_names(module):
         return text
     imports = [n for n in module.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     if not imports:

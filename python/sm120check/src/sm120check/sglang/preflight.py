@@ -17,7 +17,7 @@ import ast
 from dataclasses import dataclass
 
 from sm120check.sglang.errors import Refusal
-from sm120check.sglang.textedit import MARK, Source, replace
+from sm120check.sglang.textedit import MARK, Source, replace, top_level_names
 from sm120check.sglang.tree import SourceTree
 
 PATH = "srt/layers/flashinfer_comm_fusion.py"
@@ -68,19 +68,10 @@ def scan_text(text: str) -> PreflightScan | None:
         return PreflightScan(PATH, PREFLIGHT_FUNCTION, False, False)
     if tuple(a.arg for a in sizes.args.args) != PARAMETERS:
         raise Refusal(PATH, f"def {SIZES_FUNCTION}", f"parameters are not ({', '.join(PARAMETERS)})")
-    if not {"ceil_align", "torch"} <= _imported(module):
+    if not {"ceil_align", "torch"} <= top_level_names(module):
         raise Refusal(PATH, f"def {SIZES_FUNCTION}", "ceil_align or torch is no longer imported at module level")
     relaxed = MARK in (ast.get_source_segment(text, sizes) or "")
     return PreflightScan(PATH, SIZES_FUNCTION, _calls(sizes, MULTICAST_QUERY), relaxed)
-
-
-def _imported(module: ast.Module) -> set[str]:
-    return {
-        (alias.asname or alias.name).split(".")[0]
-        for node in module.body
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-        for alias in node.names
-    }
 
 
 _BODY = (

@@ -11,7 +11,7 @@ import ast
 from dataclasses import dataclass
 
 from sm120check.sglang.errors import Refusal
-from sm120check.sglang.textedit import MARK, Source, replace
+from sm120check.sglang.textedit import MARK, Source, mark_lines, replace
 from sm120check.sglang.tree import SourceTree
 
 ALL_REDUCE_UTILS = "srt/distributed/device_communicators/all_reduce_utils.py"
@@ -211,7 +211,8 @@ def tolerate_multimem_lookup(text: str, rel: str, class_name: str) -> str:
         edits.append((src.start(sub), src.end(sub), f"{src.segment(sub.value)}.get({src.segment(sub.slice)}, ())"))
     for start, end, new in sorted(edits, reverse=True):
         text = replace(text, start, end, new)
-    return text
+    lines = [sub.lineno for sub in _multimem_subscripts(cls)]
+    return mark_lines(text, lines, "a major not listed selects two-shot instead of raising KeyError")
 
 
 def relax_multicast_return(text: str, rel: str, class_name: str) -> str:

@@ -95,3 +95,16 @@ def mark_lines(text: str, linenos: list[int], note: str) -> str:
         body = line.rstrip("\r\n")
         lines[lineno - 1] = f"{body}  {MARK}: {note}{line[len(body) :]}"
     return "".join(lines)
+
+
+def top_level_names(module: ast.Module) -> set[str]:
+    """Names a module binds at top level: imports (first component), functions, classes, plain assignments."""
+    names: set[str] = set()
+    for node in module.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
