@@ -28,6 +28,7 @@ class ToyCheck:
     status: Status = Status.PASS
     level: int = 1
     requires: tuple[str, ...] = ()
+    uses: tuple[str, ...] = ()
     family: str = "toy"
     raises: Exception | None = None
     ran: list[str] = field(default_factory=list)

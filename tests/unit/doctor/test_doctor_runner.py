@@ -102,11 +102,12 @@ class _Rendezvous:
         level: int,
         log: list[str],
         requires: tuple[str, ...] = (),
+        uses: tuple[str, ...] = (),
         meet: threading.Barrier | None = None,
         after: threading.Event | None = None,
         sets: threading.Event | None = None,
     ):
-        self.id, self.level, self.requires, self.log = check_id, level, requires, log
+        self.id, self.level, self.requires, self.uses, self.log = check_id, level, requires, uses, log
         self.meet, self.after, self.sets = meet, after, sets
 
     def run(self, ctx: Context) -> Result:
@@ -147,7 +148,7 @@ class _Counted:
     family = "toy"
 
     def __init__(self, check_id: str, level: int, running: list[int], most: list[int], lock: threading.Lock):
-        self.id, self.level, self.requires = check_id, level, ()
+        self.id, self.level, self.requires, self.uses = check_id, level, (), ()
         self.running, self.most, self.lock = running, most, lock
 
     def run(self, ctx: Context) -> Result:
@@ -169,5 +170,94 @@ def test_multi_gpu_checks_run_alone_one_after_another() -> None:
 
 
 def test_a_prerequisite_ordered_after_its_dependent_is_refused() -> None:
-    with pytest.raises(ValueError, match="before its prerequisite"):
+    with pytest.raises(ValueError, match="before the check"):
         runner.run([ToyCheck("late", requires=("early",)), ToyCheck("early")], Context())
+
+
+class _Reader:
+    """A check that reads another's result: what it saw is the evidence (the race of issue #15: `torch` read
+    `driver` without declaring it, so the runner did not wait and it saw no GPUs)."""
+
+    family = "toy"
+
+    def __init__(self, check_id: str, reads: str, log: list[str], uses: tuple[str, ...] = ()) -> None:
+        self.id, self.level, self.requires, self.uses = check_id, 2, (), uses
+        self.reads, self.log = reads, log
+
+    def run(self, ctx: Context) -> Result:
+        self.log.append(f"{self.id} start")
+        prior = ctx.results.get(self.reads)
+        return Result(self.id, Status.PASS, f"saw {prior.status.value if prior else 'nothing'}")
+
+
+def test_a_check_waits_for_the_checks_it_uses_and_runs_whatever_their_status() -> None:
+    log: list[str] = []
+    # `slow` waits (bounded) for an event the reader would set if it started early; the runner must not start it
+    # before `slow` ends, so the wait times out and the reader then sees slow's failure.
+    early = threading.Event()
+
+    class Slow:
+        id, level, requires, uses, family = "slow", 1, (), (), "toy"
+
+        def run(self, ctx: Context) -> Result:
+            early.wait(timeout=1.0)  # a hang guard, not a measurement
+            log.append("slow end")
+            return Result("slow", Status.FAIL, "broken")
+
+    class Eager(_Reader):
+        def run(self, ctx: Context) -> Result:
+            early.set()
+            return super().run(ctx)
+
+    results = runner.run([Slow(), Eager("reader", "slow", log, uses=("slow",))], Context())
+    assert log == ["slow end", "reader start"]
+    assert results[1].status is Status.PASS and results[1].summary == "saw fail"  # ran although slow failed
+
+
+def test_reading_an_undeclared_result_is_an_error_not_a_race() -> None:
+    results = runner.run([ToyCheck("driver"), _Reader("torch", "driver", [])], Context())
+    assert results[1].status is Status.FAIL
+    assert "UndeclaredResult" in results[1].summary and "'driver'" in results[1].summary
+
+
+def test_plan_orders_by_the_declared_graph_not_by_registry_position() -> None:
+    checks = [_Reader("torch", "toolkit", [], uses=("toolkit",)), ToyCheck("toolkit")]
+    assert [c.id for c in runner.plan(checks, level=2)] == ["toolkit", "torch"]
+
+
+def _results_read(node: object) -> set[str]:
+    """Ids X in `<...>.results.get("X")` and `<...>.results["X"]` under an AST node."""
+    import ast
+
+    read: set[str] = set()
+    for sub in ast.walk(node):  # type: ignore[arg-type]
+        target = key = None
+        if isinstance(sub, ast.Subscript):
+            target, key = sub.value, sub.slice
+        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "get":
+            target, key = sub.func.value, sub.args[0] if sub.args else None
+        if isinstance(target, ast.Attribute) and target.attr == "results" and isinstance(key, ast.Constant):
+            read.add(str(key.value))
+    return read
+
+
+def test_every_registered_check_declares_each_result_it_reads() -> None:
+    """Static scan of the real checks: every result id a check class reads, itself or through a module-level
+    helper it calls, is declared in its `requires` or `uses` (the runner-side guard catches the rest at run time)."""
+    import ast
+    import inspect
+
+    from sm120check.doctor.checks import all_checks
+
+    scanned = 0
+    for check in all_checks():
+        tree = ast.parse(inspect.getsource(inspect.getmodule(type(check))))  # type: ignore[arg-type]
+        helpers = {n.name: _results_read(n) for n in tree.body if isinstance(n, ast.FunctionDef)}
+        cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == type(check).__name__)
+        read = _results_read(cls)
+        for call in (n for n in ast.walk(cls) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
+            read |= helpers.get(call.func.id, set())  # type: ignore[union-attr]
+        scanned += bool(read)
+        undeclared = read - set(check.requires) - set(check.uses)
+        assert not undeclared, f"{check.id} reads {sorted(undeclared)} without declaring them"
+    assert scanned >= 8  # the scan sees the real reads (driver, torch, toolkit ...), not nothing

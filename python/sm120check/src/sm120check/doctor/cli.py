@@ -90,10 +90,12 @@ def describe(check: Check) -> str:
 
 def list_checks(checks: list[Check]) -> str:
     width = max([len(c.id) for c in checks] + [5])
-    lines = [f"{'CHECK'.ljust(width)}  LEVEL  FAMILY      REQUIRES          DESCRIPTION"]
+    lines = [f"{'CHECK'.ljust(width)}  LEVEL  FAMILY      REQUIRES          USES              DESCRIPTION"]
     for check in sorted(checks, key=lambda c: c.level):  # stable: family order inside a level
-        needs = ",".join(check.requires) or "-"
-        lines.append(f"{check.id.ljust(width)}  {check.level:<5}  {check.family:<10}  {needs:<16}  {describe(check)}")
+        needs, uses = ",".join(check.requires) or "-", ",".join(check.uses) or "-"
+        lines.append(
+            f"{check.id.ljust(width)}  {check.level:<5}  {check.family:<10}  {needs:<16}  {uses:<16}  {describe(check)}"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -31,12 +31,40 @@ class Result:
     level: int = 0
 
 
+class UndeclaredResult(RuntimeError):
+    """A check read the result of a check it named in neither `requires` nor `uses`: the runner would not have
+    waited for it, so what it read depended on thread timing."""
+
+
+class DeclaredResults(Mapping[str, "Result"]):
+    """The results one check may read: those of the checks it declares (`requires`, `uses`), live.
+
+    Reading any other id raises UndeclaredResult (not KeyError, so `.get` cannot hide it)."""
+
+    def __init__(self, results: Mapping[str, Result], allowed: tuple[str, ...], reader: str) -> None:
+        self._results, self._allowed, self._reader = results, allowed, reader
+
+    def __getitem__(self, check_id: str) -> Result:
+        if check_id not in self._allowed:
+            raise UndeclaredResult(
+                f"check {self._reader!r} read the result of {check_id!r} without declaring it in `requires` or `uses`"
+            )
+        return self._results[check_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([i for i in self._allowed if i in self._results])
+
+    def __len__(self) -> int:
+        return sum(1 for i in self._allowed if i in self._results)
+
+
 @dataclass
 class Context:
     """What every check may read: the manifest (or why it is missing), options, earlier results.
 
     `results` holds the results of checks that already ran, so a check can use a prerequisite's
-    measured data (for example the GPU list of `driver`) instead of measuring again.
+    measured data (for example the GPU list of `driver`) instead of measuring again. A running check sees only
+    the results it declared (`requires`, `uses`): the runner waits for exactly those.
     """
 
     manifest: Manifest | None = None
@@ -44,7 +72,7 @@ class Context:
     timeout: float = 120.0  # hard limit for each GPU child process, in seconds
     jit_timeout: float | None = None  # limit for a child that must JIT-compile first (None: check's default)
     gpus: tuple[int, ...] | None = None  # restrict multi-GPU checks to these indices
-    results: dict[str, Result] = field(default_factory=dict)
+    results: Mapping[str, Result] = field(default_factory=dict)
 
 
 class Check(Protocol):
@@ -54,5 +82,6 @@ class Check(Protocol):
     family: ClassVar[str]
     level: ClassVar[int]  # 1 static, 2 single-GPU work, 3 multi-GPU communication
     requires: ClassVar[tuple[str, ...]]  # ids of checks that must not fail or skip first
+    uses: ClassVar[tuple[str, ...]]  # ids of checks whose results it reads when they ran, whatever their status
 
     def run(self, ctx: Context) -> Result: ...

@@ -1,7 +1,7 @@
 """The runner: picks checks, orders them, skips dependents of failed prerequisites, times each one.
 
-It knows nothing about any family: a check is anything with the `Check` protocol's attributes. Order
-is level, then the family order of CHECK_MODULES, then the order inside a family's CHECKS.
+It knows nothing about any family: a check is anything with the `Check` protocol's attributes. Order is the
+declared graph (a check after every check it `requires` or `uses`), then level, then registry order.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 
 from sm120check.doctor import child
-from sm120check.doctor.model import Check, Context, Result, Status
+from sm120check.doctor.model import Check, Context, DeclaredResults, Result, Status
 
 
 class SelectionError(ValueError):
@@ -101,8 +101,26 @@ def plan(
     else:
         chosen = {check.id for check in checks if check.level <= level}
     chosen -= set(skip)
-    position = {check.id: index for index, check in enumerate(checks)}
-    return sorted((by_id[i] for i in chosen), key=lambda check: (check.level, position[check.id]))
+    return _graph_order([by_id[i] for i in chosen], {check.id: index for index, check in enumerate(checks)})
+
+
+def _graph_order(chosen: Sequence[Check], position: dict[str, int]) -> list[Check]:
+    """The chosen checks with every check after the ones it reads (`requires`, `uses`): among the checks whose
+    readers are all placed, lowest level first, then registry position. A cycle is a bug in the registry."""
+    ids = {check.id for check in chosen}
+    before = {check.id: {r for r in (*check.requires, *check.uses) if r in ids} for check in chosen}
+    by_id = {check.id: check for check in chosen}
+    placed: list[Check] = []
+    while before:
+        ready = [i for i, deps in before.items() if not deps]
+        if not ready:
+            raise ValueError(f"the checks {sorted(before)} read each other in a cycle")
+        first = min(ready, key=lambda i: (by_id[i].level, position[i]))
+        placed.append(by_id[first])
+        del before[first]
+        for deps in before.values():
+            deps.discard(first)
+    return placed
 
 
 def run(
@@ -115,20 +133,21 @@ def run(
     Levels 1 and 2 run concurrently, each check as soon as its prerequisites are done: they mostly wait on
     child processes (nvcc, an NVRTC compile, a torch import), so the doctor takes about as long as its
     slowest chain. Level-3 checks then run one at a time, alone on the GPUs, so their timings are clean.
-    Prerequisites must come earlier in `checks` (plan() orders them so).
+    Prerequisites and used checks must come earlier in `checks` (plan() orders them so); a check waits for
+    both, and sees only their results.
     """
     position = {check.id: index for index, check in enumerate(checks)}
     for check in checks:
-        late = [r for r in check.requires if position.get(r, -1) > position[check.id]]
+        late = [r for r in (*check.requires, *check.uses) if position.get(r, -1) > position[check.id]]
         if late:
-            raise ValueError(f"check {check.id!r} is ordered before its prerequisite(s) {late}")
+            raise ValueError(f"check {check.id!r} is ordered before the check(s) it reads {late}")
     concurrent = [check for check in checks if check.level < 3]
     results: list[Result] = []
     pool = ThreadPoolExecutor(max_workers=max(1, len(concurrent)))
     futures: dict[str, Future[Result]] = {}
     try:
         for check in concurrent:
-            waits = [futures[r] for r in check.requires if r in futures]
+            waits = [futures[r] for r in (*check.requires, *check.uses) if r in futures]
             futures[check.id] = pool.submit(_after, waits, check, ctx)
         for check in concurrent:
             results.append(_result(futures[check.id]))
@@ -181,10 +200,12 @@ def _after(waits: Sequence[Future[Result]], check: Check, ctx: Context) -> Resul
 def _timed(check: Check, ctx: Context) -> Result:
     start = time.monotonic()
     blocked = _blocked_by(check, ctx)
-    result = blocked if blocked is not None else _run_one(check, ctx)
+    view = replace(ctx, results=DeclaredResults(ctx.results, (*check.requires, *check.uses), check.id))
+    result = blocked if blocked is not None else _run_one(check, view)
     if child.stopping() and result.status in (Status.FAIL, Status.SKIP):  # children killed under it: no verdict
         result = replace(result, data={**result.data, "interrupted": True})
     result = replace(result, id=check.id, family=check.family, level=check.level, seconds=time.monotonic() - start)
+    assert isinstance(ctx.results, dict), "the runner's context holds the one mutable results table"
     ctx.results[check.id] = result
     return result
 

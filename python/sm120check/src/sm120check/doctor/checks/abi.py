@@ -93,6 +93,7 @@ class AbiWheelsCheck:
     family: ClassVar[str] = "abi"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         if (absent := stackenv.missing_venv(ctx, self.id)) is not None:
@@ -177,6 +178,7 @@ class AbiLibsCheck:
     family: ClassVar[str] = "abi"
     level: ClassVar[int] = 2
     requires: ClassVar[tuple[str, ...]] = ("torch",)
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         maps = ctx.results["torch"].data.get("maps", {})

@@ -103,6 +103,7 @@ class Topology:
     family: ClassVar[str] = FAMILY
     level: ClassVar[int] = 3
     requires: ClassVar[tuple[str, ...]] = ("driver",)
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         gpus = selected_gpus(ctx, self.id, need_torch=False)
@@ -240,6 +241,7 @@ class NcclAllreduce:
     family: ClassVar[str] = FAMILY
     level: ClassVar[int] = 3
     requires: ClassVar[tuple[str, ...]] = ("driver", "torch")
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         gpus = selected_gpus(ctx, self.id, need_torch=True)
@@ -326,6 +328,7 @@ class SymmMem:
     family: ClassVar[str] = FAMILY
     level: ClassVar[int] = 3
     requires: ClassVar[tuple[str, ...]] = ("driver", "torch")
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         gpus = selected_gpus(ctx, self.id, need_torch=True)
@@ -398,6 +401,7 @@ class AllreduceFusion:
     family: ClassVar[str] = FAMILY
     level: ClassVar[int] = 3
     requires: ClassVar[tuple[str, ...]] = ("driver", "torch")
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         gpus = selected_gpus(ctx, self.id, need_torch=True)

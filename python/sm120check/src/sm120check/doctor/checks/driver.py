@@ -153,6 +153,7 @@ class DriverCheck:
     family: ClassVar[str] = "driver"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         try:
@@ -204,6 +205,7 @@ class GpuNodesCheck:
     family: ClassVar[str] = "driver"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ("driver",)
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         dev = Path("/dev")
@@ -238,6 +240,7 @@ class PersistenceCheck:
     family: ClassVar[str] = "driver"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ("driver",)
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         gpus = ctx.results["driver"].data.get("gpus", [])

@@ -120,6 +120,7 @@ class EnvCheck:
     family: ClassVar[str] = "env"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         want = dict(ctx.manifest.env) if ctx.manifest else {}

@@ -112,6 +112,7 @@ class FlashinferJitCheck:
     family: ClassVar[str] = FAMILY
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
+    uses: ClassVar[tuple[str, ...]] = ("driver",)
 
     def run(self, ctx: Context) -> Result:
         version = flashinfer_version(ctx)

@@ -79,6 +79,7 @@ class Sm120JitCheck:
     family: ClassVar[str] = "jit"
     level: ClassVar[int] = 2
     requires: ClassVar[tuple[str, ...]] = ("nvrtc",)
+    uses: ClassVar[tuple[str, ...]] = ("driver",)
 
     def run(self, ctx: Context) -> Result:
         answer = nvrtc_api.probe(ctx.timeout, TARGETS)  # NVRTC loads and compiles in a child, never in the doctor

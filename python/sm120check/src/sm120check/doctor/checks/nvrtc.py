@@ -111,6 +111,7 @@ class NvrtcCheck:
     family: ClassVar[str] = "nvrtc"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         copies = wheel_copies(stackenv.site_packages(stackenv.prefix(ctx)))

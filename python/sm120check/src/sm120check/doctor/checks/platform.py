@@ -73,6 +73,7 @@ class PlatformCheck:
     family: ClassVar[str] = "platform"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         return platform_verdict(
@@ -92,6 +93,7 @@ class ManifestCheck:
     family: ClassVar[str] = "platform"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         m = ctx.manifest

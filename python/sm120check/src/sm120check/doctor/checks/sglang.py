@@ -28,6 +28,7 @@ class SglangSm120:
     family: ClassVar[str] = FAMILY
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
+    uses: ClassVar[tuple[str, ...]] = ("driver",)
 
     def run(self, ctx: Context) -> Result:
         from sm120check.sglang import report

@@ -39,6 +39,7 @@ class SglangComm:
     family: ClassVar[str] = FAMILY
     level: ClassVar[int] = 3
     requires: ClassVar[tuple[str, ...]] = ("driver", "torch")
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         gpus = selected_gpus(ctx, self.id, need_torch=True)

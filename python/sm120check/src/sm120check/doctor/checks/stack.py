@@ -52,6 +52,7 @@ class StackCheck:
     family: ClassVar[str] = "stack"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         if (absent := stackenv.missing_venv(ctx, self.id)) is not None:

@@ -137,6 +137,7 @@ class ToolkitCheck:
     family: ClassVar[str] = "toolkit"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         home = resolve_cuda_home(os.environ)
@@ -168,6 +169,7 @@ class NvccSm120Check:
     family: ClassVar[str] = "toolkit"
     level: ClassVar[int] = 2
     requires: ClassVar[tuple[str, ...]] = ("toolkit",)
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         home = str(ctx.results["toolkit"].data.get("cuda_home", ""))

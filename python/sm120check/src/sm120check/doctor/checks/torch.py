@@ -75,6 +75,7 @@ class TorchCheck:
     family: ClassVar[str] = "torch"
     level: ClassVar[int] = 2
     requires: ClassVar[tuple[str, ...]] = ()
+    uses: ClassVar[tuple[str, ...]] = ("toolkit", "driver")
 
     def run(self, ctx: Context) -> Result:
         venv = stackenv.prefix(ctx)
