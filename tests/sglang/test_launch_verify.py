@@ -24,7 +24,12 @@ from sglang_releases import release_dir
 
 from lab.loopback import serve
 from sm120check import cli
-from sm120check.sglang import launch, launch_cli
+from sm120check.sglang import launch_cli
+from sm120check.sglang.launch_patterns import LOG_PATTERNS, LogPattern
+from sm120check.sglang.launch_request import request_from_command
+from sm120check.sglang.launch_terms import Expectation, Sign
+from sm120check.sglang.launch_verdict import parse_version
+from sm120check.sglang.server_info import MAX_SERVER_INFO_BYTES
 
 # The releases the log table was read from (all of .cache/sglang from 0.5.9 on); the table test walks all of them.
 TABLE_RELEASES = ("0.5.9", "0.5.10", "0.5.13", "0.5.14", "0.5.16", "0.5.22", "0.5.23")
@@ -43,7 +48,7 @@ LAUNCH = (
     "--speculative-adaptive --speculative-adaptive-config /etc/sm120kit/sglang-spec-adaptive.json "
     "--flashinfer-allreduce-fusion-backend auto --enable-torch-symm-mem\n"
 )
-PATTERNS = {p.id: p for p in launch.LOG_PATTERNS}
+PATTERNS = {p.id: p for p in LOG_PATTERNS}
 
 
 # --- running the command ---------------------------------------------------------------------------------------------
@@ -219,14 +224,14 @@ def run_release(tmp_path: Path, docs: Docs, version: str, log: list[str], **fiel
 
 
 def _version(text: str) -> tuple[int, ...]:
-    parsed = launch.parse_version(text)
+    parsed = parse_version(text)
     assert parsed, text
     return parsed
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pattern", launch.LOG_PATTERNS, ids=[p.id for p in launch.LOG_PATTERNS])
-def test_every_table_line_is_printed_by_each_release_it_claims(pattern: launch.LogPattern) -> None:
+@pytest.mark.parametrize("pattern", LOG_PATTERNS, ids=[p.id for p in LOG_PATTERNS])
+def test_every_table_line_is_printed_by_each_release_it_claims(pattern: LogPattern) -> None:
     first, last = _version(pattern.first), _version(pattern.last)
     assert first <= last
     for version in TABLE_RELEASES:
@@ -241,10 +246,10 @@ def test_every_table_line_is_printed_by_each_release_it_claims(pattern: launch.L
 
 
 def test_table_covers_every_expectation_with_a_degraded_line() -> None:
-    for expectation in launch.Expectation:
-        if expectation is not launch.Expectation.SPECULATIVE:  # speculation off shows in server_args only
-            assert any(p.expectation is expectation and p.sign is launch.Sign.DEGRADED for p in launch.LOG_PATTERNS)
-    assert all(p.fix for p in launch.LOG_PATTERNS if p.sign is launch.Sign.DEGRADED)
+    for expectation in Expectation:
+        if expectation is not Expectation.SPECULATIVE:  # speculation off shows in server_args only
+            assert any(p.expectation is expectation and p.sign is Sign.DEGRADED for p in LOG_PATTERNS)
+    assert all(p.fix for p in LOG_PATTERNS if p.sign is Sign.DEGRADED)
 
 
 # --- verdicts from release-made documents -----------------------------------------------------------------------------
@@ -394,10 +399,10 @@ def test_text_output_names_the_reason_and_the_fix(tmp_path: Path, docs: Docs) ->
 
 
 def test_launch_command_file_sets_the_expectations() -> None:
-    request = launch.request_from_command(LAUNCH, "file")
+    request = request_from_command(LAUNCH, "file")
     assert [e.value for e in request.expected] == ["cuda-graph", "speculative", "adaptive", "fusion", "symm-mem"]
     assert request.speculative_algorithm == "EAGLE3" and request.fusion_backend == "auto"
-    plain = launch.request_from_command(
+    plain = request_from_command(
         "python -m sglang.launch_server --model-path /m --enforce-disable-flashinfer-allreduce-fusion "
         "--cuda-graph-backend-decode=disabled",
         "file",
@@ -438,7 +443,7 @@ HOSTILE: Mapping[str, tuple[bytes, str]] = {
         b'{"internal_states": [{"avg_spec_accept_length": NaN}]}',
         "'internal_states[0].avg_spec_accept_length' is a number (NaN), expected a finite number",
     ),
-    "huge": (b'{"pad": "' + b"x" * (launch.MAX_SERVER_INFO_BYTES + 10) + b'"}', "larger than 8388608 bytes"),
+    "huge": (b'{"pad": "' + b"x" * (MAX_SERVER_INFO_BYTES + 10) + b'"}', "larger than 8388608 bytes"),
 }
 
 

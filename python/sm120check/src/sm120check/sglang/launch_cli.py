@@ -4,6 +4,11 @@ Reads the server's log (a file, or the journal of its systemd unit) and its /ser
 (fusion, symm-mem, speculative, adaptive, cuda-graph) a verdict: ok, degraded or unknown, with the evidence (the log
 line or the server_args field) and the fix. Exit 0 when nothing is degraded, 1 when something is, 2 when an input
 cannot be read (bad URL, unreadable log, server unreachable within the bound, a server_info that is not one).
+
+This module does the reading (files, the journal, HTTP); the logic is pure, one module per input, each depending only
+on those before it: launch_terms.py (shared terms), launch_patterns.py (the table of SGLang's log lines),
+launch_request.py (the launch command), server_info.py (/server_info), startup_log.py (the log scan),
+launch_verdict.py (the verdicts), launch_report.py (exit code, JSON, text).
 """
 
 from __future__ import annotations
@@ -28,8 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from sm120check.sglang import launch
-from sm120check.sglang.launch import LaunchError
+from sm120check.sglang.launch_report import SCHEMA, exit_code, render, to_dict
+from sm120check.sglang.launch_request import LaunchRequest, parse_expect, request_from_argv, request_from_command
+from sm120check.sglang.launch_terms import Expectation, LaunchError, printable
+from sm120check.sglang.launch_verdict import LaunchReport, judge
+from sm120check.sglang.server_info import MAX_SERVER_INFO_BYTES, ServerInfo, parse_server_info
+from sm120check.sglang.startup_log import scan_log
 
 EXIT_OK, EXIT_DEGRADED, EXIT_ERROR = 0, 1, 2
 MAX_LAUNCH_COMMAND_BYTES = 1 << 20
@@ -67,7 +76,7 @@ def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     asked.add_argument(
         "--expect",
         metavar="LIST",
-        help=f"comma-separated expectations instead: {','.join(e.value for e in launch.Expectation)}",
+        help=f"comma-separated expectations instead: {','.join(e.value for e in Expectation)}",
     )
     p.add_argument("--sglang-version", metavar="VER", help="the SGLang release (default: server_info's version)")
     p.add_argument("--timeout", metavar="S", type=float, default=10.0, help="seconds per HTTP attempt (default 10)")
@@ -107,9 +116,7 @@ def redact_url(url: str) -> str:
         netloc = parts.netloc.rpartition("@")[2]
     except ValueError:
         return "<unparsable URL>"
-    return launch.printable(
-        f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else netloc or url.rpartition("@")[2]
-    )
+    return printable(f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else netloc or url.rpartition("@")[2])
 
 
 def parse_url(url: str) -> Endpoint:
@@ -151,9 +158,9 @@ def _get(endpoint: Endpoint, path: str, timeout: float, api_key: str | None) -> 
             if not chunk:
                 break
             body += chunk
-            if len(body) > launch.MAX_SERVER_INFO_BYTES:
+            if len(body) > MAX_SERVER_INFO_BYTES:
                 raise LaunchError(
-                    f"server_info from {endpoint.shown}{path} is larger than {launch.MAX_SERVER_INFO_BYTES} bytes; "
+                    f"server_info from {endpoint.shown}{path} is larger than {MAX_SERVER_INFO_BYTES} bytes; "
                     "refusing to read more"
                 )
         return response.status, bytes(body)
@@ -213,7 +220,7 @@ def fetch_server_info(endpoint: Endpoint, timeout: float, retries: int, api_key:
             break
     raise VerifyError(
         f"no server_info from {endpoint.shown} within {timeout:g} s x {attempts} attempt(s) "
-        f"({launch.printable(last)}); is the server up at that address?"
+        f"({printable(last)}); is the server up at that address?"
     )
 
 
@@ -255,7 +262,7 @@ def read_journal(unit: str, cap: int, timeout: float | None = None) -> tuple[lis
     """The last `cap` bytes of `journalctl -u UNIT -b` (this boot, every run of the unit), bounded in time."""
     limit = JOURNAL_TIMEOUT_S if timeout is None else timeout
     if not _UNIT.fullmatch(unit) or unit.startswith("-"):
-        raise VerifyError(f"--journal-unit {launch.printable(unit)!r} is not a systemd unit name")
+        raise VerifyError(f"--journal-unit {printable(unit)!r} is not a systemd unit name")
     journalctl = shutil.which("journalctl")
     if journalctl is None:
         raise VerifyError("journalctl is not on PATH: pass the server's log file with --log FILE")
@@ -291,7 +298,7 @@ def read_journal(unit: str, cap: int, timeout: float | None = None) -> tuple[lis
         raise VerifyError(f"journalctl -u {unit} did not finish within {limit:g} s")
     if code != 0:
         first = message.splitlines()[0] if message else "no message"
-        raise VerifyError(f"journalctl -u {unit} failed (exit {code}): {launch.printable(first)}")
+        raise VerifyError(f"journalctl -u {unit} failed (exit {code}): {printable(first)}")
     data = b"".join(kept)
     if len(data) > cap:
         data, truncated = data[-cap:], True
@@ -319,41 +326,41 @@ def _read_launch_command(path: Path) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _request(args: argparse.Namespace, info: launch.ServerInfo | None) -> launch.LaunchRequest:
+def _request(args: argparse.Namespace, info: ServerInfo | None) -> LaunchRequest:
     if args.expect is not None:
-        return launch.LaunchRequest(launch.parse_expect(args.expect), "--expect")
+        return LaunchRequest(parse_expect(args.expect), "--expect")
     if args.launch_command is not None:
         origin = f"--launch-command {args.launch_command}"
-        return launch.request_from_command(_read_launch_command(args.launch_command), origin)
+        return request_from_command(_read_launch_command(args.launch_command), origin)
     if info is not None and info.launch_command:
-        return launch.request_from_argv(["sglang", *info.launch_command.split()], "server_info launch_command")
+        return request_from_argv(["sglang", *info.launch_command.split()], "server_info launch_command")
     raise VerifyError(
         "say what the launch asked for: --launch-command FILE (the sglang_server role writes launch-command.txt) "
         "or --expect LIST"
     )
 
 
-def verify(args: argparse.Namespace) -> launch.LaunchReport:
+def verify(args: argparse.Namespace) -> LaunchReport:
     if args.log is None and args.journal_unit is None and args.url is None:
         raise VerifyError("nothing to verify against: give --log FILE or --journal-unit NAME, and/or --url URL")
     if args.timeout <= 0 or args.retries < 1 or args.max_log_mib <= 0:
         raise VerifyError("--timeout and --max-log-mib must be > 0 and --retries >= 1")
     if args.expect is not None:
-        launch.parse_expect(args.expect)  # a usage error before any I/O
+        parse_expect(args.expect)  # a usage error before any I/O
     endpoint = parse_url(args.url) if args.url else None
     if args.log is not None:
         check_log_file(args.log)  # name a missing or odd log before waiting on the server
     info = None
     if endpoint is not None:  # first: a server that answers has written every startup line before the log is read
-        info = launch.parse_server_info(fetch_server_info(endpoint, args.timeout, args.retries, args.api_key))
+        info = parse_server_info(fetch_server_info(endpoint, args.timeout, args.retries, args.api_key))
     cap = int(args.max_log_mib * (1 << 20))
     scan = None
     if args.log is not None:
         lines, truncated = read_log_file(args.log, cap)
-        scan = launch.scan_log(lines, f"--log {args.log}", truncated)
+        scan = scan_log(lines, f"--log {args.log}", truncated)
     elif args.journal_unit is not None:
         lines, truncated = read_journal(args.journal_unit, cap)
-        scan = launch.scan_log(lines, f"journal of unit {args.journal_unit}", truncated)
+        scan = scan_log(lines, f"journal of unit {args.journal_unit}", truncated)
     request = _request(args, info)
     if args.sglang_version:
         version, origin = args.sglang_version, "--sglang-version"
@@ -361,19 +368,17 @@ def verify(args: argparse.Namespace) -> launch.LaunchReport:
         version, origin = info.version, "server_info"
     else:
         version, origin = None, ""
-    return launch.judge(request, info, scan, version, origin, endpoint.shown if endpoint else None)
+    return judge(request, info, scan, version, origin, endpoint.shown if endpoint else None)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         report = verify(args)
     except (VerifyError, LaunchError) as exc:
-        message = launch.printable(str(exc))
+        message = printable(str(exc))
         if args.json:
-            print(
-                json.dumps({"schema": launch.SCHEMA, "error": message, "lines": [], "problems": [message], "notes": []})
-            )
+            print(json.dumps({"schema": SCHEMA, "error": message, "lines": [], "problems": [message], "notes": []}))
         print(f"sm120check sglang verify-launch: {message}", file=sys.stderr)
         return EXIT_ERROR
-    print(json.dumps(launch.to_dict(report), indent=2) if args.json else launch.render(report))
-    return EXIT_DEGRADED if launch.exit_code(report, args.strict) else EXIT_OK
+    print(json.dumps(to_dict(report), indent=2) if args.json else render(report))
+    return EXIT_DEGRADED if exit_code(report, args.strict) else EXIT_OK
