@@ -108,7 +108,8 @@ def test_out_of_range_options_are_refused_at_parse_time(tmp_path: Path, argv: li
 
 def test_steps_one_is_kept_as_one(tmp_path: Path) -> None:
     base, spec = sweeps(tmp_path)
-    assert crossover(str(base), str(spec), "--steps", "1", "--write-policies", str(tmp_path / "pol")) == 0
+    pol = str(tmp_path / "pol")
+    assert crossover(str(base), str(spec), "--steps", "1", "--draft-model", "/m", "--write-policies", pol) == 0
     vllm = json.loads((tmp_path / "pol" / "vllm-speculative-config.json").read_text())
     assert vllm["num_speculative_tokens"] == 1
     assert all(row[2] >= 0 for row in vllm["num_speculative_tokens_per_batch_size"])
@@ -122,11 +123,11 @@ def test_existing_policy_files_are_kept_without_force(tmp_path: Path, capsys: py
     out = tmp_path / "pol"
     out.mkdir()
     (out / "router-rule.json").write_text("mine\n")
-    assert crossover(str(base), str(spec), "--write-policies", str(out)) == 2
+    assert crossover(str(base), str(spec), "--steps", "3", "--write-policies", str(out)) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "--force" in captured.err and "router-rule.json" in captured.err
     assert (out / "router-rule.json").read_text() == "mine\n"
-    assert crossover(str(base), str(spec), "--write-policies", str(out), "--force") == 0
+    assert crossover(str(base), str(spec), "--steps", "3", "--write-policies", str(out), "--force") == 0
     assert json.loads((out / "router-rule.json").read_text())["crossover"] > 10
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no temporary file left
 

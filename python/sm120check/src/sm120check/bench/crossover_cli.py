@@ -2,6 +2,9 @@
 
 Each file holds one or more runs of `sm120check bench` (append repeated sweeps to the same file to get an
 uncertainty). Exit 0 with a result (a crossover, or the statement that there is none in range), 2 for bad input.
+The analysis is always printed first; then --write-policies, then --png. Exit 2 when --write-policies was asked for
+but cannot be made (the draft length is unknown: pass --steps) or written, or when --png cannot be drawn (no
+matplotlib) - after everything else has been done.
 """
 
 from __future__ import annotations
@@ -15,9 +18,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sm120check.bench.crossover import analyze
+from sm120check.bench.crossover import Analysis, analyze
 from sm120check.bench.plot import PlotUnavailable, write_png
-from sm120check.bench.policy import Policies, make_policies, trtllm_yaml, vllm_config
+from sm120check.bench.policy import (
+    ALL_POLICY_FILES,
+    ROUTER_FILE,
+    SGLANG_FILE,
+    TRTLLM_FILES,
+    VLLM_FILES,
+    Policies,
+    PolicyError,
+    make_policies,
+    trtllm_file,
+    trtllm_yaml,
+    vllm_config,
+    vllm_file,
+)
 from sm120check.bench.records import RecordError, read_jsonl
 from sm120check.bench.report import render_json, render_text
 
@@ -39,17 +55,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--hysteresis", type=_hysteresis, default=0.15, help="router band around the crossover, a fraction in [0, 1)"
     )
     p.add_argument("--max-batch", type=_steps, default=1024, help="largest batch size the vLLM table covers")
+    p.add_argument(
+        "--draft-model",
+        metavar="PATH",
+        help="the EAGLE-3 draft model (path or hub id): makes the vLLM and TensorRT-LLM outputs complete "
+        "(without it they are fragments to merge into your speculative config)",
+    )
+    p.add_argument(
+        "--draft-floor",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="TensorRT-LLM: fewest draft tokens at any batch size (default 1: a 0 tier on the EAGLE-3 one-model "
+        "path ruins acceptance after speculation resumes until TensorRT-LLM PR #16888; 0 = off above the crossover)",
+    )
     p.add_argument("--write-policies", type=Path, metavar="DIR", help="write the policy files into DIR")
     p.add_argument("--force", action="store_true", help="replace policy files already in the --write-policies DIR")
     p.set_defaults(handler=handle)
-
-
-POLICY_FILES = (
-    "sglang-spec-adaptive.json",
-    "vllm-speculative-config.json",
-    "trtllm-extra-llm-api-options.yaml",
-    "router-rule.json",
-)
 
 
 def _steps(text: str) -> int:
@@ -98,7 +120,7 @@ def output_problem(args: argparse.Namespace) -> str:
             return f"--write-policies {directory}: exists and is not a directory"
         if problem := _writable_dir_problem(directory):
             return f"--write-policies {directory}: {problem}"
-        present = [name for name in POLICY_FILES if (directory / name).exists()]
+        present = [name for name in ALL_POLICY_FILES if (directory / name).exists()]
         if present and not getattr(args, "force", False):
             return f"--write-policies {directory}: already holds {', '.join(present)}; pass --force to replace them"
     return ""
@@ -117,43 +139,69 @@ def handle(args: argparse.Namespace) -> int:
     policies: Policies | None = None
     reason = ""
     try:
-        policies = make_policies(analysis, args.steps, args.hysteresis, args.max_batch)
-    except ValueError as exc:
+        policies = make_policies(
+            analysis,
+            args.steps,
+            args.hysteresis,
+            args.max_batch,
+            draft_model=getattr(args, "draft_model", None),
+            draft_floor=getattr(args, "draft_floor", 1),
+        )
+    except PolicyError as exc:
         reason = str(exc).removeprefix("no policy: ")
     render = render_json if args.format == "json" else render_text
     print(render(analysis, names, policies, reason))
+    status = 0
+    if args.write_policies:
+        status = max(status, _write_policies(args.write_policies, policies, reason, analysis.crossover.value))
     if args.png:
-        try:
-            write_png(analysis, args.png, names)
-        except PlotUnavailable as exc:
-            print(f"sm120check crossover: {exc}", file=sys.stderr)
-            return 2
-        except OSError as exc:
-            print(f"sm120check crossover: --png {args.png}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
-        print(f"plot written to {args.png}", file=sys.stderr)
-    if args.write_policies and policies is not None:
-        try:
-            write_policy_files(args.write_policies, policies)
-        except OSError as exc:
-            where = f"--write-policies {args.write_policies}"
-            print(f"sm120check crossover: {where}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
-        print(f"policy files written to {args.write_policies}", file=sys.stderr)
+        status = max(status, _write_png(analysis, args.png, names))
+    return status
+
+
+def _write_policies(directory: Path, policies: Policies | None, reason: str, crossover: float | None) -> int:
+    where = f"--write-policies {directory}"
+    if policies is None:
+        if crossover is None:  # no crossover in range is a result, not an error: nothing to write
+            print(f"sm120check crossover: {where}: no policy files written ({reason})", file=sys.stderr)
+            return 0
+        print(f"sm120check crossover: {where}: no policy files written: {reason}", file=sys.stderr)
+        return 2
+    try:
+        written = write_policy_files(directory, policies)
+    except OSError as exc:
+        print(f"sm120check crossover: {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"policy files written to {directory}: {', '.join(written)}", file=sys.stderr)
     return 0
 
 
-def write_policy_files(directory: Path, policies: Policies) -> None:
+def _write_png(analysis: Analysis, png: Path, names: tuple[str, str]) -> int:
+    try:
+        write_png(analysis, png, names)
+    except PlotUnavailable as exc:
+        print(f"sm120check crossover: {exc}; everything else was done, only the plot is missing", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"sm120check crossover: --png {png}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"plot written to {png}", file=sys.stderr)
+    return 0
+
+
+def write_policy_files(directory: Path, policies: Policies) -> list[str]:
     """Write the four files, each atomically (a temporary file in DIR, then a rename): a reader sees the old
-    file or the new one, never half of one. Raises OSError."""
+    file or the new one, never half of one. The vLLM and TensorRT-LLM files are named `*.fragment.*` when they
+    lack the draft model; the other variant, left from an earlier run (replaced with --force), is removed.
+    Returns the names written. Raises OSError."""
     directory.mkdir(parents=True, exist_ok=True)
-    texts = (
-        json.dumps(policies.sglang_adaptive, indent=2) + "\n",
-        json.dumps(vllm_config(policies), indent=2) + "\n",
-        trtllm_yaml(policies),
-        json.dumps(policies.router, indent=2) + "\n",
-    )
-    for name, text in zip(POLICY_FILES, texts, strict=True):
+    texts = {
+        SGLANG_FILE: json.dumps(policies.sglang.config, indent=2) + "\n",
+        vllm_file(policies): json.dumps(vllm_config(policies), indent=2) + "\n",
+        trtllm_file(policies): trtllm_yaml(policies),
+        ROUTER_FILE: json.dumps(policies.router, indent=2) + "\n",
+    }
+    for name, text in texts.items():
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -163,3 +211,8 @@ def write_policy_files(directory: Path, policies: Policies) -> None:
             with contextlib.suppress(OSError):
                 Path(tmp).unlink()
             raise
+    for stale in (*VLLM_FILES, *TRTLLM_FILES):
+        if stale not in texts:
+            with contextlib.suppress(FileNotFoundError):
+                (directory / stale).unlink()
+    return list(texts)

@@ -1,72 +1,195 @@
-"""Turn a measured crossover into settings serving engines and routers understand.
+"""Turn a measured crossover into settings serving engines and routers accept.
 
-All four say the same thing: full speculation well below the crossover, reduced speculation (one draft step) in
-the half-decade below it, none at and above it. The engines key on the running batch size, which equals the client
-concurrency while concurrency stays below the server's max running requests. Formats:
-- SGLang (0.5.11+): `--speculative-adaptive --speculative-adaptive-config FILE`, FILE a JSON object keyed by the
+All of them say the same thing: full speculation well below the crossover, reduced speculation (one draft step)
+in the half-decade below it, none at and above it. The engines key on the running batch size, which equals the
+client concurrency while concurrency stays below the server's max running requests. Formats, each checked against
+the engine's own code (tests/bench/test_policy_engines.py):
+- SGLang 0.5.14+: `--speculative-adaptive --speculative-adaptive-config FILE`, FILE a JSON object keyed by the
   smallest batch size of each slot, each with `candidate_steps` (EAGLE/EAGLE3, topk 1; the initial
-  --speculative-num-steps must be one of the candidates).
-- vLLM: `num_speculative_tokens_per_batch_size` in the speculative config, a list of [min_bs, max_bs, k].
-- TensorRT-LLM: `draft_len_schedule` {max batch size of the tier: draft length} (larger batches draft 0) and
-  `max_concurrency` (speculation off above it), in the speculative_config of extra LLM API options.
-- A router rule with hysteresis between a speculative pool and a plain pool.
+  --speculative-num-steps must be one of the candidates). SGLang pads the running batch up to its next speculative
+  CUDA-graph capture size before it picks a slot, so a slot can only begin right after a capture size: the keys
+  are snapped to those boundaries (at or below the intended batch size). 0.5.13 refuses a 0-step candidate,
+  0.5.11/0.5.12 silently ignore per-batch-size slots.
+- vLLM 0.24.0+: `num_speculative_tokens_per_batch_size` in the speculative config, a list of inclusive
+  [min_bs, max_bs, k]; the V1 model runner then forces PIECEWISE CUDA graphs.
+- TensorRT-LLM: `draft_len_schedule` {largest batch size of the tier: draft length} in the speculative_config of
+  extra LLM API options (batches above the largest key draft 0), without `max_concurrency` (mutually exclusive).
+- A router rule with hysteresis between a speculative pool and a plain pool (engine-neutral).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import shlex
 from dataclasses import dataclass
 
 from sm120check.bench.crossover import Analysis
+
+SGLANG_MIN_RELEASE = "0.5.14"
+VLLM_MIN_RELEASE = "0.24.0"
+TRTLLM_SOURCE = "NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412"
+STEPS_HELP = (
+    "the server did not report its draft length; pass --steps N (the N you run with: SGLang "
+    "--speculative-num-steps, vLLM num_speculative_tokens, TensorRT-LLM max_draft_len)"
+)
+
+
+class PolicyError(ValueError):
+    """No policy can be made from this analysis and these options (the message says why and what to pass)."""
+
+
+def sglang_speculative_capture_sizes(max_bs: int) -> list[int]:
+    """SGLang's speculative decode CUDA-graph capture sizes for --cuda-graph-max-bs `max_bs` (padding on).
+
+    Transcribed from SGLang 0.5.13-0.5.23 (`ServerArgs._generate_cuda_graph_batch_sizes`, later
+    `_generate_decode_cuda_graph_batch_sizes`, then `arg_groups/cuda_graph_hook.py::
+    generate_decode_cuda_graph_batch_sizes`; identical lists); the tests compare it with each release's function."""
+    sizes = [
+        *range(1, 9),
+        *range(10, 33, 2),
+        *range(40, 65, 4),
+        *range(72, 257, 8),
+        *range(272, max_bs + 1, 16),
+    ]
+    sizes = [bs for bs in sizes if bs <= max_bs]
+    if max_bs not in sizes:
+        sizes.append(max_bs)
+    return sizes
+
+
+def sglang_slot_start(batch: int) -> int:
+    """The largest batch size <= `batch` at which an SGLang slot can begin: 1 or one past a speculative capture size.
+    A slot keyed there switches at that batch size with CUDA-graph padding on or off and for any
+    --cuda-graph-max-bs: a server's capture list is a prefix of the full one (plus its max), and sizes above its
+    max are not padded."""
+    return max([1] + [c + 1 for c in sglang_speculative_capture_sizes(batch) if c + 1 <= batch])
+
+
+@dataclass(frozen=True)
+class SGLangPolicy:
+    config: dict[str, dict[str, list[int]]]  # the --speculative-adaptive-config file
+    off_at: int  # first batch size without speculation (snapped)
+    reduced_from: int | None  # first batch size of the [0, 1] slot (snapped), if any
+    initial_steps: int  # --speculative-num-steps: a candidate of the first slot
 
 
 @dataclass(frozen=True)
 class Policies:
     crossover: float
-    off_at: int  # first batch size / concurrency where speculation is off
+    off_at: int  # first batch size / concurrency where speculation is off (vLLM, TensorRT-LLM with floor 0)
     reduced_from: int | None  # first batch size with one draft step, if a reduced tier exists
     steps: int
-    sglang_adaptive: dict[str, dict[str, list[int]]]
+    steps_source: str  # "--steps" or "server"
+    draft_model: str | None  # --draft-model: vLLM `model`, TensorRT-LLM `speculative_model`
+    draft_floor: int  # TensorRT-LLM: fewest draft tokens at any batch size (1 = never resolve to 0)
+    sglang: SGLangPolicy
     vllm_per_batch_size: list[list[int]]
     trtllm_schedule: dict[int, int]
     router: dict[str, object]
 
+    @property
+    def complete(self) -> bool:
+        """Whether the vLLM and TensorRT-LLM outputs name the draft model (else they are fragments to merge)."""
+        return self.draft_model is not None
+
+
+def resolve_steps(analysis: Analysis, steps: int | None) -> tuple[int, str]:
+    if steps is not None:
+        if steps < 1:
+            raise PolicyError(f"--steps {steps} must be at least 1")
+        return steps, "--steps"
+    if analysis.spec_steps is not None and analysis.spec_steps > 0:
+        return analysis.spec_steps, "server"
+    raise PolicyError(STEPS_HELP)
+
 
 def make_policies(
-    analysis: Analysis, steps: int | None = None, hysteresis: float = 0.15, max_bs: int = 1024
+    analysis: Analysis,
+    steps: int | None = None,
+    hysteresis: float = 0.15,
+    max_bs: int = 1024,
+    draft_model: str | None = None,
+    draft_floor: int = 1,
 ) -> Policies:
-    """Policies for the analysis' interpolated crossover. Raises ValueError when there is no crossover to use."""
+    """Policies for the analysis' interpolated crossover. Raises PolicyError when there is no crossover to use or
+    the draft length is unknown."""
     cross = analysis.crossover
     if cross.value is None:
-        raise ValueError(f"no policy: {cross.message}")
+        raise PolicyError(f"no policy: {cross.message}")
     if not 0 <= hysteresis < 1:
-        raise ValueError(f"--hysteresis {hysteresis} must be in [0, 1)")
-    if steps is not None and steps < 1:
-        raise ValueError(f"--steps {steps} must be at least 1")
-    k = steps if steps is not None else analysis.spec_steps if analysis.spec_steps and analysis.spec_steps > 0 else 3
+        raise PolicyError(f"--hysteresis {hysteresis} must be in [0, 1)")
+    k, source = resolve_steps(analysis, steps)
+    if not 0 <= draft_floor <= 1:
+        raise PolicyError(f"--draft-floor {draft_floor} must be 0 or 1")
+    if draft_model is not None and not draft_model.strip():
+        raise PolicyError("--draft-model is empty; give the draft model's path or hub id")
     value = cross.value
     off_at = max(2, math.ceil(value))
     reduced = max(2, math.floor(value / 2))
     reduced_from = reduced if reduced < off_at else None
+    top = max(max_bs, off_at)
 
-    sglang: dict[str, dict[str, list[int]]] = {"1": {"candidate_steps": sorted({1, max(1, k // 2), k})}}
     vllm: list[list[int]] = []
-    trt_schedule: dict[int, int] = {}
     if reduced_from is not None:
-        sglang[str(reduced_from)] = {"candidate_steps": [0, 1]}
         vllm += [[1, reduced_from - 1, k], [reduced_from, off_at - 1, 1]]
-        trt_schedule = {reduced_from - 1: k, off_at - 1: 1}
     else:
         vllm.append([1, off_at - 1, k])
-        trt_schedule = {off_at - 1: k}
-    sglang[str(off_at)] = {"candidate_steps": [0]}
-    vllm.append([off_at, max(max_bs, off_at), 0])
+    vllm.append([off_at, top, 0])
 
+    return Policies(
+        crossover=value,
+        off_at=off_at,
+        reduced_from=reduced_from,
+        steps=k,
+        steps_source=source,
+        draft_model=draft_model,
+        draft_floor=draft_floor,
+        sglang=_sglang(k, off_at, reduced_from),
+        vllm_per_batch_size=vllm,
+        trtllm_schedule=_trtllm_schedule(k, off_at, reduced_from, top, draft_floor),
+        router=_router(analysis, value, hysteresis),
+    )
+
+
+def _sglang(k: int, off_at: int, reduced_from: int | None) -> SGLangPolicy:
+    off = max(2, sglang_slot_start(off_at))
+    reduced = sglang_slot_start(reduced_from) if reduced_from is not None else None
+    if reduced is not None and not 1 < reduced < off:
+        reduced = None
+    config: dict[str, dict[str, list[int]]] = {"1": {"candidate_steps": sorted({1, max(1, k // 2), k})}}
+    if reduced is not None:
+        config[str(reduced)] = {"candidate_steps": [0, 1]}
+    config[str(off)] = {"candidate_steps": [0]}
+    return SGLangPolicy(config, off, reduced, k)
+
+
+def _trtllm_schedule(k: int, off_at: int, reduced_from: int | None, top: int, floor: int) -> dict[int, int]:
+    """Keys are the largest batch size of each tier (upper bounds); batches above the largest key draft 0."""
+    tiers: list[tuple[int, int]] = []  # (last batch size of the tier, draft length)
+    if reduced_from is not None:
+        tiers += [(reduced_from - 1, k), (off_at - 1, 1)]
+    else:
+        tiers.append((off_at - 1, k))
+    if floor > 0:
+        tiers.append((top, floor))
+    merged: list[tuple[int, int]] = []
+    for last, n in tiers:
+        n = max(n, floor)
+        if merged and merged[-1][1] == n:
+            merged[-1] = (last, n)  # the same draft length as the tier below: one tier
+        else:
+            merged.append((last, n))
+    return dict(merged)
+
+
+def _router(analysis: Analysis, value: float, hysteresis: float) -> dict[str, object]:
+    cross = analysis.crossover
     low = min(cross.low if cross.low is not None else value, value * (1 - hysteresis))
     high = max(cross.high if cross.high is not None else value, value * (1 + hysteresis))
     to_spec = max(1, math.floor(low))
     to_plain = max(to_spec + 1, math.ceil(high))
-    router = {
+    return {
         "metric": "requests in flight on the speculative pool",
         "crossover": round(value, 2),
         "route_new_requests_to": {"below": "speculative pool", "above": "plain pool"},
@@ -77,20 +200,72 @@ def make_policies(
             f"if state=plain and in_flight_spec <= {to_spec}: state=spec; send to the state's pool"
         ),
     }
-    return Policies(value, off_at, reduced_from, k, sglang, vllm, trt_schedule, router)
 
 
-def trtllm_yaml(p: Policies) -> str:
-    """extra_llm_api_options YAML; max_concurrency keeps speculation on up to and including that batch size."""
-    lines = ["speculative_config:", "  decoding_type: Eagle3", f"  max_draft_len: {p.steps}", "  draft_len_schedule:"]
-    lines += [f"    {bs}: {n}" for bs, n in sorted(p.trtllm_schedule.items())]
-    lines.append(f"  max_concurrency: {p.off_at - 1}")
-    return "\n".join(lines) + "\n"
+# --- what is written and printed --------------------------------------------------------------------------------
+
+SGLANG_FILE = "sglang-spec-adaptive.json"
+ROUTER_FILE = "router-rule.json"
+VLLM_FILES = ("vllm-speculative-config.json", "vllm-speculative-config.fragment.json")  # complete, fragment
+TRTLLM_FILES = ("trtllm-extra-llm-api-options.yaml", "trtllm-extra-llm-api-options.fragment.yaml")
+ALL_POLICY_FILES = (SGLANG_FILE, *VLLM_FILES, *TRTLLM_FILES, ROUTER_FILE)
+PIECEWISE_CAVEAT = (
+    "with a per-batch-size schedule vLLM's V1 model runner overrides full CUDA graphs to PIECEWISE "
+    "(vllm/config/vllm.py::_maybe_override_dynamic_sd_cudagraph_mode), which costs single-stream speed; "
+    "measure both, or use the V2 runner (VLLM_USE_V2_MODEL_RUNNER=1) where your release supports dynamic K there"
+)
+FLOOR_CAVEAT = (
+    "draft floor 1 (default): until NVIDIA/TensorRT-LLM PR #16888 lands, a tier resolving to 0 draft tokens on "
+    "the EAGLE-3 one-model path silently ruins acceptance after speculation resumes; --draft-floor 0 turns "
+    "speculation fully off above the crossover once your release has that fix"
+)
+MERGE_HINT = "FRAGMENT, not usable alone: merge into your speculative config and add the draft model"
+
+
+def vllm_file(p: Policies) -> str:
+    return VLLM_FILES[0] if p.complete else VLLM_FILES[1]
+
+
+def trtllm_file(p: Policies) -> str:
+    return TRTLLM_FILES[0] if p.complete else TRTLLM_FILES[1]
 
 
 def vllm_config(p: Policies) -> dict[str, object]:
-    return {
-        "method": "eagle3",
-        "num_speculative_tokens": p.steps,
-        "num_speculative_tokens_per_batch_size": p.vllm_per_batch_size,
-    }
+    """vLLM's --speculative-config: complete with --draft-model, else a fragment without `model` (which vLLM
+    requires for eagle3)."""
+    out: dict[str, object] = {"method": "eagle3"}
+    if p.draft_model is not None:
+        out["model"] = p.draft_model
+    out["num_speculative_tokens"] = p.steps
+    out["num_speculative_tokens_per_batch_size"] = p.vllm_per_batch_size
+    return out
+
+
+def trtllm_yaml(p: Policies) -> str:
+    """extra_llm_api_options YAML: `draft_len_schedule` only (TensorRT-LLM refuses it with `max_concurrency`)."""
+    lines = []
+    if not p.complete:
+        lines += [
+            f"# {MERGE_HINT}: set speculative_model (TensorRT-LLM: 'Draft model must be provided for EAGLE').",
+        ]
+    lines += ["speculative_config:", "  decoding_type: Eagle3", f"  max_draft_len: {p.steps}"]
+    if p.draft_model is not None:
+        lines.append(f"  speculative_model: {_yaml_str(p.draft_model)}")
+    lines.append("  draft_len_schedule:")
+    lines += [f"    {bs}: {n}" for bs, n in sorted(p.trtllm_schedule.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_str(text: str) -> str:
+    """A double-quoted YAML scalar (JSON string syntax is valid YAML)."""
+    return json.dumps(text)
+
+
+def sglang_flags(p: Policies) -> str:
+    flags = "--speculative-algorithm EAGLE3"
+    if p.draft_model is not None:
+        flags += f" --speculative-draft-model-path {shlex.quote(p.draft_model)}"
+    return (
+        f"{flags} --speculative-num-steps {p.sglang.initial_steps} --speculative-eagle-topk 1 "
+        f"--speculative-adaptive --speculative-adaptive-config {SGLANG_FILE}"
+    )

@@ -4,10 +4,25 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import asdict
 
 from sm120check.bench.crossover import Analysis, Spread
-from sm120check.bench.policy import Policies, trtllm_yaml, vllm_config
+from sm120check.bench.policy import (
+    FLOOR_CAVEAT,
+    MERGE_HINT,
+    PIECEWISE_CAVEAT,
+    SGLANG_FILE,
+    SGLANG_MIN_RELEASE,
+    TRTLLM_SOURCE,
+    VLLM_MIN_RELEASE,
+    Policies,
+    sglang_flags,
+    trtllm_file,
+    trtllm_yaml,
+    vllm_config,
+    vllm_file,
+)
 
 
 def _num(s: Spread, digits: int = 1) -> str:
@@ -66,20 +81,48 @@ def model_line(analysis: Analysis) -> str:
 def policies_text(p: Policies | None, reason: str) -> str:
     if p is None:
         return f"Policies: none - {reason}"
-    sglang = json.dumps(p.sglang_adaptive, separators=(", ", ": "))
-    return "\n".join(
-        [
-            f"Policies (crossover {p.crossover:.1f}: speculation off from batch {p.off_at}"
-            + (f", one draft step from {p.reduced_from}" if p.reduced_from else "")
-            + f", {p.steps} steps below):",
-            "SGLang (EAGLE3, topk 1): --speculative-adaptive --speculative-adaptive-config sglang-spec-adaptive.json",
-            f"  sglang-spec-adaptive.json = {sglang}",
-            f"vLLM: --speculative-config '{json.dumps(vllm_config(p))}'",
-            "TensorRT-LLM extra_llm_api_options.yaml:",
-            *("  " + line for line in trtllm_yaml(p).splitlines()),
-            f"Router: {p.router['rule']}",
-        ]
+    sg = p.sglang
+    sglang = json.dumps(sg.config, separators=(", ", ": "))
+    vllm = json.dumps(vllm_config(p))
+    steps_from = "from --steps" if p.steps_source == "--steps" else "as the server reported"
+    head = (
+        f"Policies (crossover {p.crossover:.1f}: speculation off from batch {p.off_at}"
+        + (f", one draft step from {p.reduced_from}" if p.reduced_from else "")
+        + f", {p.steps} draft steps below, {steps_from}):"
     )
+    snapped = (
+        ""
+        if (sg.off_at, sg.reduced_from) == (p.off_at, p.reduced_from)
+        else (
+            f"  SGLang pads the batch to its next CUDA-graph capture size before it picks a slot, so its slots begin "
+            f"one past a capture size: off from {sg.off_at}"
+            + (f", one draft step from {sg.reduced_from}" if sg.reduced_from else "")
+            + " (the nearest such boundaries at or below the crossover's)"
+        )
+    )
+    fragment = "" if p.complete else f" - {MERGE_HINT} (pass --draft-model PATH to get a complete one)"
+    lines = [
+        head,
+        f"SGLang {SGLANG_MIN_RELEASE}+ (EAGLE/EAGLE3, topk 1): {sglang_flags(p)}",
+        f"  {SGLANG_FILE} = {sglang}",
+    ]
+    lines += [snapped] if snapped else []
+    lines += [
+        f"  {SGLANG_MIN_RELEASE} is the first release that takes a 0-step candidate (0.5.13 refuses it, "
+        "0.5.11/0.5.12 ignore per-batch-size slots); adaptive falls back to static steps without an error "
+        "(non-EAGLE, topk != 1, DP attention, ...): check the log for 'AdaptiveSpeculativeParams initialized'",
+        f"vLLM {VLLM_MIN_RELEASE}+: {vllm_file(p)}{fragment}",
+        f"  --speculative-config {shlex.quote(vllm)}" if p.complete else f"  {vllm}",
+        f"  note: {PIECEWISE_CAVEAT}",
+        f"TensorRT-LLM (PyTorch backend): --extra_llm_api_options {trtllm_file(p)}{fragment}",
+        *("  " + line for line in trtllm_yaml(p).splitlines()),
+        "  keys are the largest batch size of each tier, batches above the largest key draft 0; no max_concurrency "
+        f"(TensorRT-LLM refuses it beside draft_len_schedule; checked against {TRTLLM_SOURCE})",
+    ]
+    if p.draft_floor > 0:
+        lines.append(f"  {FLOOR_CAVEAT}")
+    lines.append(f"Router: {p.router['rule']}")
+    return "\n".join(lines)
 
 
 def render_text(analysis: Analysis, names: tuple[str, str], policies: Policies | None, reason: str) -> str:
@@ -106,8 +149,19 @@ def render_json(analysis: Analysis, names: tuple[str, str], policies: Policies |
         out["policies_reason"] = reason
     else:
         out["policies"] = {
-            "sglang_speculative_adaptive_config": policies.sglang_adaptive,
+            "steps": policies.steps,
+            "steps_source": policies.steps_source,
+            "complete": policies.complete,
+            "sglang_min_release": SGLANG_MIN_RELEASE,
+            "sglang_flags": sglang_flags(policies),
+            "sglang_off_at": policies.sglang.off_at,
+            "sglang_reduced_from": policies.sglang.reduced_from,
+            "sglang_speculative_adaptive_config": policies.sglang.config,
+            "vllm_min_release": VLLM_MIN_RELEASE,
+            "vllm_file": vllm_file(policies),
             "vllm_speculative_config": vllm_config(policies),
+            "trtllm_file": trtllm_file(policies),
+            "trtllm_draft_floor": policies.draft_floor,
             "trtllm_extra_llm_api_options_yaml": trtllm_yaml(policies),
             "router": policies.router,
         }
