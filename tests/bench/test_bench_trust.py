@@ -104,7 +104,7 @@ def test_non_finite_server_values_become_null_with_a_flag(tmp_path: Path) -> Non
     info = '{"version": "liar", "speculative_num_steps": NaN, "tp_size": Infinity, "avg_spec_accept_length": Infinity}'
     with lying_server([2, 4, 6], info=info) as url:
         record = bench(url, tmp_path / "r.jsonl")
-    assert record["accept_length"] is None and record["server_accept_length"] is None
+    assert record["accept_length"] is None and record["server_accept_length_cumulative"] is None
     server = record["server"]
     assert isinstance(server, dict) and server["tp_size"] is None and server["speculative_num_steps"] is None
     flags = record["flags"]

@@ -1,8 +1,15 @@
 """The three request shapes the bench speaks, and how each one reports the tokens it streamed.
 
 Tokens are counted from what the server says, never one per chunk (a speculative server sends several tokens in
-one chunk): OpenAI `usage.completion_tokens` (per chunk with `continuous_usage_stats`, else in the final usage
-chunk, then spread over the chunks by text length), or SGLang's cumulative `meta_info.completion_tokens`.
+one chunk): SGLang's cumulative `meta_info.completion_tokens`; OpenAI `usage.completion_tokens` per chunk with
+`continuous_usage_stats` (a running count: source `usage`); or one final total, in a usage-only event (vLLM, SGLang,
+llama.cpp chat) or in the last event together with `choices` and a `finish_reason` when no earlier event had usage
+(llama.cpp completions). A final total is spread over the text chunks: one token each when it equals their number
+(llama.cpp sends one token per event: source `usage-per-event`), else by text length (source `usage-split`).
+
+Also read, where the server says: cached prompt tokens (llama.cpp `timings.cache_n`, OpenAI
+`usage.prompt_tokens_details.cached_tokens`) and llama.cpp's per-request drafting (`timings.draft_n`,
+`timings.draft_n_accepted`).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ class RequestSpec:
     temperature: float = 0.0
     ignore_eos: bool = True
     model: str = ""
+    cache_prompt: bool | None = None  # llama.cpp's `cache_prompt`; None: not sent (SGLang and vLLM reject it)
 
 
 def build_body(api: Api, spec: RequestSpec) -> dict[str, object]:
@@ -45,6 +53,8 @@ def build_body(api: Api, spec: RequestSpec) -> dict[str, object]:
     }
     if spec.ignore_eos:
         body["ignore_eos"] = True  # vLLM and SGLang extension: fixed output lengths
+    if spec.cache_prompt is not None:
+        body["cache_prompt"] = spec.cache_prompt
     if api is Api.OPENAI_CHAT:
         body["messages"] = [{"role": "user", "content": spec.prompt}]
     else:
@@ -69,8 +79,12 @@ class StreamTally:
     usage_total: int | None = None
     prompt_tokens: int | None = None
     spec_verify_ct: int | None = None
+    cached_prompt_tokens: int | None = None
+    draft_tokens: int | None = None  # llama.cpp timings.draft_n: tokens drafted for this request
+    draft_accepted: int | None = None  # llama.cpp timings.draft_n_accepted
     finish_reason: str | None = None
     source: str = ""
+    final_total: bool = False  # the count came as one total at the end, not as a running count
     server_lag: list[float] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)  # counts the server sent that cannot be true
     _sglang_text_len: int = 0
@@ -127,6 +141,7 @@ class StreamTally:
 
     def _add_openai(self, api: Api, event: dict[str, object], now: float) -> None:
         chars = 0
+        finished = False
         choices = event.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             choice = choices[0]
@@ -141,22 +156,48 @@ class StreamTally:
                 chars = len(piece) if isinstance(piece, str) else 0
             if isinstance(choice.get("finish_reason"), str):
                 self.finish_reason = str(choice["finish_reason"])
+                finished = True
+        self._read_timings(event.get("timings"))
         usage = event.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            if isinstance(usage.get("prompt_tokens"), int):
-                self.prompt_tokens = int(usage["prompt_tokens"])
+        if isinstance(usage, dict) and _count(usage.get("completion_tokens")) is not None:
+            prompt = _count(usage.get("prompt_tokens"))
+            if prompt is not None:
+                self.prompt_tokens = prompt
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and _count(details.get("cached_tokens")) is not None:
+                self.cached_prompt_tokens = _count(details.get("cached_tokens"))
             cum = int(usage["completion_tokens"])
-            if not choices:  # the final usage-only chunk
+            # a usage-only event, or the last event with choices when no earlier event had usage (llama.cpp
+            # completions): a final total for the whole response, never a running count
+            if not choices or (finished and self.source != "usage"):
                 if cum < self.counted:
                     self._anomaly(f"final usage.completion_tokens {cum} below the running count {self.counted}")
+                if chars and self.source != "usage":
+                    self.chunks.append((now, None, chars))
                 self.usage_total = cum
                 if self.source == "usage" and cum > self.counted:
                     self.chunks.append((now, cum - self.counted, 0))
                     self.counted = cum
+                elif self.source != "usage":
+                    self.final_total = True
                 return
             self._cumulative(cum, now, chars, "usage")
         elif chars:
             self.chunks.append((now, None, chars))
+
+    def _read_timings(self, timings: object) -> None:
+        """llama.cpp's per-request `timings` (final event): cache_n, draft_n, draft_n_accepted."""
+        if not isinstance(timings, dict):
+            return
+        cached = _count(timings.get("cache_n"))
+        if cached is not None:
+            self.cached_prompt_tokens = cached
+        drafted, accepted = _count(timings.get("draft_n")), _count(timings.get("draft_n_accepted"))
+        if drafted is not None and accepted is not None:
+            if accepted > drafted:
+                self._anomaly(f"timings.draft_n_accepted {accepted} above draft_n {drafted}")
+                return
+            self.draft_tokens, self.draft_accepted = drafted, accepted
 
     def _cumulative(self, cum: int, now: float, chars: int, source: str) -> None:
         self.source = source
@@ -182,6 +223,11 @@ class StreamTally:
         known = sum(n for _, n, _ in self.chunks if n is not None)
         left = max(0, total - known)
         chars = [self.chunks[i][2] for i in unknown]
+        if left == len(unknown) and all(chars):  # one token per event, as llama.cpp streams
+            per_event: list[tuple[float, int]] = [(t, n or 0) for t, n, _ in self.chunks]
+            for i in unknown:
+                per_event[i] = (self.chunks[i][0], 1)
+            return per_event, "usage-per-event"
         total_chars = sum(chars) or 1
         shares = [left * c / total_chars for c in chars]
         floors = [int(s) for s in shares]
@@ -193,3 +239,8 @@ class StreamTally:
         for k, i in enumerate(unknown):
             result[i] = (self.chunks[i][0], floors[k])
         return [(t, n or 0) for t, n in result], "usage-split"
+
+
+def _count(value: object) -> int | None:
+    """A token count the server sent: a whole number >= 0, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

@@ -17,28 +17,29 @@ from typing import Any
 
 from sm120check import __version__
 from sm120check.bench.apis import Api, RequestSpec
+from sm120check.bench.engines import (
+    ServerFacts,
+    bounded_get_json,
+    cumulative_accept,
+    discover,
+    fetch_sglang_info,
+    scrape_metrics,
+)
 from sm120check.bench.http import Connection, Endpoint, HttpError, has_credentials, redact_url
-from sm120check.bench.prompts import load_prompt_file, synthetic_prompts
+from sm120check.bench.metrics import Scrape, SpecFamily, family_for, spec_delta
+from sm120check.bench.prompts import load_prompt_file, synthetic_prompts, unique_prompt
 from sm120check.bench.records import LevelSummary, append_jsonl, seed_table
 from sm120check.bench.runner import LevelPlan, run_level, summarize
 
 DEFAULT_LEVELS = "1,2,5,10,30,70,100,250"
 API_KEY_ENV = "OPENAI_API_KEY"
-_SERVER_KEYS = (
-    "model_path",
-    "version",
-    "tp_size",
-    "speculative_algorithm",
-    "speculative_draft_model_path",
-    "speculative_num_steps",
-    "speculative_eagle_topk",
-    "speculative_num_draft_tokens",
-    "speculative_adaptive",
-    "enable_flashinfer_allreduce_fusion",
-    "enable_torch_symm_mem",
-    "max_running_requests",
-    "sim_model",
-)
+IN_FLIGHT_WAIT_S = 5.0  # after a level, wait at most this long for the server's in-flight gauge to reach 0
+fetch_server_info = fetch_sglang_info  # SGLang's /get_server_info; a name here so tests can stand in for it
+
+
+def default_requests(concurrency: int) -> int:
+    """Measured requests per level without --requests-per-level: 4 per worker keep the slope within ~2 %."""
+    return max(4 * concurrency, 32)
 
 
 MAX_CONCURRENCY = 4096  # each in-flight request is one connection and one task on this client
@@ -84,6 +85,16 @@ def _temperature(text: str) -> float:
     return value
 
 
+def _pause(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 3600 seconds")
+    return value
+
+
 def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
@@ -102,7 +113,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--concurrency", type=parse_levels, default=DEFAULT_LEVELS, help="comma-separated levels")
     amount = p.add_mutually_exclusive_group()
     amount.add_argument(
-        "--requests-per-level", type=_positive_int, help="measured requests per level (default: 2*C, at least 8)"
+        "--requests-per-level",
+        type=_positive_int,
+        help="measured requests per level (default: 4*C, at least 32: fewer leave the slope uncertain)",
     )
     amount.add_argument("--duration", type=_positive_float, help="seconds of steady window per level instead")
     p.add_argument("--warmup", type=int, default=1, help="warm-up requests per worker before measuring")
@@ -111,6 +124,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (>= 0)")
     p.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (variable lengths)")
     p.add_argument("--prompt-file", type=Path, help="prompts, one per line or JSONL with a prompt field")
+    p.add_argument(
+        "--allow-prompt-reuse",
+        action="store_true",
+        help="send prompts as they are (no unique tag first, llama.cpp's prompt cache left on): cache hits likely",
+    )
+    p.add_argument(
+        "--pause", type=_pause, default=1.0, help="seconds between levels, so a /metrics scraper can tell them apart"
+    )
     p.add_argument("--model", help="model name for OpenAI APIs (default: the first of /v1/models)")
     # The default is read at run time, never at parse time: a default is printed by --help. `%(default).0s` prints
     # nothing, and stops ArgumentDefaultsHelpFormatter from appending "(default: ...)".
@@ -142,6 +163,10 @@ class SweepError(Exception):
         self.records_kept = records_kept
 
 
+class ApiMismatch(Exception):
+    """--api names a request shape the server does not speak (found before any load)."""
+
+
 def handle(args: argparse.Namespace) -> int:
     levels: list[int] = parse_levels(args.concurrency) if isinstance(args.concurrency, str) else args.concurrency
     try:
@@ -170,6 +195,9 @@ def handle(args: argparse.Namespace) -> int:
     except HttpError as exc:
         print(f"sm120check bench: {exc}\n  is the server up? check {endpoint}/health", file=sys.stderr)
         code = 1
+    except ApiMismatch as exc:
+        print(f"sm120check bench: {exc}; nothing was sent to the server", file=sys.stderr)
+        return 2
     except SweepError as exc:
         print(f"sm120check bench: {exc}", file=sys.stderr)
         code, kept = 1, kept and exc.records_kept
@@ -219,57 +247,83 @@ async def _sweep(
     api = Api(args.api)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     info_timeout: float = getattr(args, "info_timeout", 30.0)
+    pause: float = getattr(args, "pause", 1.0)
+    reuse: bool = getattr(args, "allow_prompt_reuse", False)
 
     def say(line: str) -> None:
         if not args.quiet:
             print(line, file=sys.stderr, flush=True)
 
-    server = await fetch_server_info(endpoint, headers, info_timeout)
+    facts = await discover(endpoint, headers, info_timeout, await fetch_server_info(endpoint, headers, info_timeout))
+    _check_api(api, facts, endpoint, bool(args.model))
     model = args.model or ""
     if api is not Api.SGLANG and not model:
-        model = await fetch_model_name(endpoint, headers, info_timeout)
+        model = facts.first_model_id or await fetch_model_name(endpoint, headers, info_timeout)
     run_id = uuid.uuid4().hex[:12]
     recorded = {k: v for k, v in vars(args).items() if k not in ("handler", "api_key", "command")}
     recorded["url"] = redact_url(args.url)
+    # llama.cpp's cache_prompt; SGLang's /generate and vLLM reject keys they do not know
+    cache_prompt = False if facts.engine == "llama.cpp" and api is not Api.SGLANG and not reuse else None
+    source = f"file:{args.prompt_file.name}" if args.prompt_file else "synthetic"
     meta: dict[str, Any] = {
         "api": api.value,
         "url": str(endpoint),
-        "model": model or server.get("model_path", ""),
-        "server": {k: server[k] for k in _SERVER_KEYS if k in server},
+        "model": model or facts.model,
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in recorded.items()},
         "client": {"host": socket.gethostname(), "sm120check": __version__},
+        "prompts": {"unique": not reuse, "cache_prompt": cache_prompt, "source": source},
+        "pause_s": pause,
     }
+    family = family_for(facts.engine) if facts.has_metrics else None
     pool = prompts or synthetic_prompts(max(4 * max(levels), 64), args.input_len, args.seed)
-    for c in levels:
+    for number, c in enumerate(levels):
         if args.duration is not None:
             plan = LevelPlan(c, duration=args.duration, warmup=args.warmup)
         else:
-            plan = LevelPlan(c, requests=args.requests_per_level or max(2 * c, 8), warmup=args.warmup)
+            plan = LevelPlan(c, requests=args.requests_per_level or default_requests(c), warmup=args.warmup)
         plan = replace(plan, request_timeout=args.request_timeout, level_timeout=args.level_timeout)
         say(f"C={c}: {plan.requests or f'{plan.duration:g} s of'} measured requests after {args.warmup} warm-up each")
 
-        def make_spec(i: int) -> RequestSpec:
-            return RequestSpec(pool[i % len(pool)], args.output_len, args.temperature, not args.no_ignore_eos, model)
+        def make_spec(i: int, c: int = c) -> RequestSpec:
+            body = pool[i % len(pool)]
+            prompt = body if reuse else unique_prompt(body, run_id, c, i)
+            return RequestSpec(prompt, args.output_len, args.temperature, not args.no_ignore_eos, model, cache_prompt)
 
-        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        before = await scrape_metrics(endpoint, headers, info_timeout) if family else None
+        started = datetime.datetime.now(datetime.timezone.utc)
         records, t0, t1, timed_out = await run_level(endpoint, api, plan, make_spec, headers, say)
+        ended = datetime.datetime.now(datetime.timezone.utc)
         summary = summarize(c, records, t0, t1, timed_out)
         stalled: HttpError | None = None
+        level_meta: dict[str, Any] = {}
         try:
-            after = await fetch_server_info(endpoint, headers, info_timeout)
+            if family is not None and before is not None:
+                after = await _settled_scrape(endpoint, headers, info_timeout, family)
+                if after is not None:
+                    facts = facts.with_scrape(after)
+                    summary, level_meta = _metrics_accept(summary, family, before, after)
+            info = await fetch_server_info(endpoint, headers, info_timeout) if facts.sglang_info else {}
         except HttpError as exc:  # the level is measured: keep it, then stop
-            after, stalled = {}, exc
+            info, stalled = {}, exc
             summary = replace(summary, warnings=(*summary.warnings, f"server info after the level: {exc}"))
-        server_accept, accept_problem = _server_accept_length(after)
+        server_accept, accept_problem = cumulative_accept(info)
         if accept_problem:
             summary = replace(
                 summary,
                 warnings=(*summary.warnings, f"{accept_problem}; not used"),
                 flags=(*summary.flags, "untrusted_server_accept_length"),
             )
-        if summary.accept_length is None and server_accept is not None:
-            summary = replace(summary, accept_length=server_accept, accept_source="get_server_info")
-        level_meta = dict(meta, started_at=started, server_accept_length=server_accept)
+        level_meta = dict(
+            meta,
+            server=facts.to_record(),
+            started_at=started.isoformat(timespec="seconds"),
+            level_started_at=started.isoformat(timespec="milliseconds"),
+            level_ended_at=ended.isoformat(timespec="milliseconds"),
+            level_started_epoch=round(started.timestamp(), 3),
+            level_ended_epoch=round(ended.timestamp(), 3),
+            server_accept_length_cumulative=server_accept,
+            **level_meta,
+        )
         summary = replace(summary, label=args.label, run_id=run_id, meta=level_meta)
         summaries.append(summary)
         if args.out:
@@ -287,43 +341,73 @@ async def _sweep(
             say(f"  warning: {warning}")
         if stalled is not None:
             raise SweepError(f"stopped after C={c}: {stalled}")
+        if pause > 0 and number < len(levels) - 1:
+            await asyncio.sleep(pause)
 
 
-async def _bounded_get_json(conn: Connection, path: str, timeout: float) -> object:
-    """GET path, bounded from connect to the last body byte: a stalled server is an HttpError naming the URL."""
-    try:
-        return await asyncio.wait_for(conn.get_json(path), timeout)
-    except asyncio.TimeoutError:
-        await conn.close()
-        raise HttpError(
-            f"GET {conn.endpoint}{path}: no complete response within {timeout:g} s (the server stalled; "
-            "--info-timeout sets the limit)"
-        ) from None
+def _check_api(api: Api, facts: ServerFacts, endpoint: Endpoint, model_given: bool) -> None:
+    """--api against a server that does not speak it is a usage error, named before any load is sent."""
+    other = "--api openai-chat or --api openai-completions"
+    if api is Api.SGLANG and not facts.sglang_info and facts.openai_models:
+        what = "llama.cpp" if facts.engine == "llama.cpp" else facts.engine if facts.engine != "unknown" else "it"
+        raise ApiMismatch(
+            f"the server at {endpoint} is not SGLang ({what} answers /v1/models, but /get_server_info and "
+            f"/server_info are 404); use {other}"
+        )
+    if api is not Api.SGLANG and facts.openai_models is False and not model_given:
+        hint = "use --api sglang" if facts.sglang_info else "is --url the server's base URL?"
+        raise ApiMismatch(
+            f"the server at {endpoint} has no OpenAI routes (GET /v1/models is 404) for --api {api.value}; {hint}"
+        )
 
 
-async def fetch_server_info(endpoint: Endpoint, headers: dict[str, str], timeout: float = 30.0) -> dict[str, Any]:
-    """SGLang's /get_server_info (or /server_info); {} for servers without it. Connection failures and stalls
-    (no complete answer within `timeout` seconds) raise HttpError."""
-    conn = Connection(endpoint, headers, connect_timeout=min(timeout, 10.0))
-    try:
-        for path in ("/get_server_info", "/server_info"):
-            try:
-                info = await _bounded_get_json(conn, path, timeout)
-            except HttpError as exc:
-                if "HTTP" not in str(exc) or "stalled" in str(exc):
-                    raise
-                continue
-            if isinstance(info, dict):
-                return info
-        return {}
-    finally:
-        await conn.close()
+async def _settled_scrape(
+    endpoint: Endpoint, headers: dict[str, str], timeout: float, family: SpecFamily
+) -> Scrape | None:
+    """/metrics once the in-flight gauge reads 0 (bounded): counters move when a request is released, so the
+    level's last releases are in it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + IN_FLIGHT_WAIT_S
+    while True:
+        scrape = await scrape_metrics(endpoint, headers, timeout)
+        busy = scrape.value(family.in_flight) if scrape is not None else None
+        if busy is None or busy <= 0 or loop.time() >= deadline:
+            return scrape
+        await asyncio.sleep(0.1)
+
+
+def _metrics_accept(
+    summary: LevelSummary, family: SpecFamily, before: Scrape, after: Scrape
+) -> tuple[LevelSummary, dict[str, Any]]:
+    """The level's accept length from the /metrics counters' growth, used when no response carried one."""
+    delta = spec_delta(family, before, after)
+    extra: dict[str, Any] = {}
+    problems = list(delta.problems)
+    if after.skipped:
+        problems.append(f"/metrics: {after.skipped} line(s) that are not samples were skipped ({after.problems[0]})")
+    if problems:
+        summary = replace(summary, warnings=(*summary.warnings, *problems))
+    if delta.spec is None:
+        return summary, extra
+    value = delta.spec.accept_length
+    extra["metrics_delta"] = {
+        "accepted": delta.spec.accepted,
+        "drafts": delta.spec.drafts,
+        "draft_tokens": delta.spec.draft_tokens,
+        "accept_length": value,
+    }
+    # llama.cpp's timings have no count of verify steps, so the per-request value is tokens per target step (steps
+    # without a draft count as 1); the counters give the engine's own tokens per verify step: prefer them
+    if value is not None and (summary.accept_length is None or summary.accept_source == "timings.draft_n_accepted"):
+        extra["accept_length_timings"] = summary.accept_length
+        summary = replace(summary, accept_length=value, accept_source=f"metrics:{family.accepted}/{family.drafts}")
+    return summary, extra
 
 
 async def fetch_model_name(endpoint: Endpoint, headers: dict[str, str], timeout: float = 30.0) -> str:
     conn = Connection(endpoint, headers, connect_timeout=min(timeout, 10.0))
     try:
-        data = await _bounded_get_json(conn, "/v1/models", timeout)
+        data = await bounded_get_json(conn, "/v1/models", timeout)
     except HttpError as exc:
         raise HttpError(f"{exc}; pass --model NAME") from None
     finally:
@@ -332,22 +416,3 @@ async def fetch_model_name(endpoint: Endpoint, headers: dict[str, str], timeout:
     if isinstance(models, list) and models and isinstance(models[0], dict) and "id" in models[0]:
         return str(models[0]["id"])
     raise HttpError("GET /v1/models listed no model; pass --model NAME")
-
-
-def _server_accept_length(info: dict[str, Any]) -> tuple[float | None, str]:
-    """The accept length /get_server_info reports, and why a reported one cannot be used ("" when fine)."""
-    states = info.get("internal_states")
-    candidates: list[object] = []
-    if isinstance(states, list) and states and isinstance(states[0], dict):
-        candidates.append(states[0].get("avg_spec_accept_length"))
-    candidates.append(info.get("avg_spec_accept_length"))
-    problem = ""
-    for value in candidates:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if not math.isfinite(value) or value < 0:
-            problem = problem or f"the server reported avg_spec_accept_length {value}, which cannot be true"
-            continue
-        if value > 0:
-            return float(value), problem
-    return None, problem

@@ -1,7 +1,10 @@
 """Prompts for the sweep: a user's file, or synthetic English text of about the asked length.
 
-Every synthetic prompt starts differently so a prefix cache cannot turn the sweep into cache hits. Lengths are in
-words (no tokenizer on a bare node); English text runs at about 1.3 tokens per word for common tokenizers.
+A server's prompt cache (SGLang's radix cache, llama.cpp's slot and RAM caches) answers a prompt it has seen
+before, so a different first word per request is not enough: the same request sent again, at the next level or in
+the next run, is a cache hit. `unique_prompt` therefore puts a tag made of the run id, the level and the request's
+index first in every prompt (synthetic or from --prompt-file), unless the user allows reuse. Lengths are in words
+(no tokenizer on a bare node); English text runs at about 1.3 tokens per word for common tokenizers.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ def synthetic_prompts(count: int, words: int, seed: int = 0) -> list[str]:
         body = [_PASSAGE[(start + k) % len(_PASSAGE)] for k in range(max(words - 4, 1))]
         prompts.append(f"Request {i} {rng.randrange(10**6)}: " + " ".join(body))
     return prompts
+
+
+def unique_prompt(body: str, run_id: str, level: int, index: int) -> str:
+    """`body` with a tag no other request of any run shares, as its first words."""
+    return f"[{run_id} C{level} #{index}] {body}"
 
 
 def load_prompt_file(path: Path) -> list[str]:

@@ -11,11 +11,63 @@ from pathlib import Path
 from sm120check.bench.stats import Dist
 
 SCHEMA = "sm120check.bench/1"
+_OPTIONAL_FLOATS = ("throughput_halves_rel_diff", "window_lifetimes", "cached_prompt_fraction")
 _DISTS = ("per_request_tok_s", "ttft_s", "itl_s", "tpot_s", "e2e_s", "client_wait_s", "server_lag_s")
 
 
 class RecordError(ValueError):
     """A results file that cannot be used, with the reason and the fix."""
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """One request of a level, as the record keeps it (`per_request`): enough to check against the server's log."""
+
+    output_tokens: int
+    e2e_s: float
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
+    ttft_s: float | None = None
+    accept_length: float | None = None  # this request's tokens per verify step, where the server said
+    warmup: bool = False
+    in_window: bool = False  # scheduled and finished inside the steady window (its latency is in the numbers)
+    cut: bool = False  # stopped at the end of a --duration window
+    error: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        def r(v: float | None) -> float | None:
+            return None if v is None else round(v, 6)
+
+        return {
+            "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "ttft_s": r(self.ttft_s),
+            "e2e_s": r(self.e2e_s),
+            "accept_length": r(self.accept_length),
+            "warmup": self.warmup,
+            "in_window": self.in_window,
+            "cut": self.cut,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> RequestRow:
+        """Strict: a hostile file gets a RecordError naming the entry and the field."""
+        if not isinstance(data, Mapping):
+            raise RecordError(f"{where}: a per_request entry must be an object, not {data!r:.60}")
+        return cls(
+            output_tokens=_int_field(data, "output_tokens", where, 0),
+            e2e_s=_opt_float(data, "e2e_s", where) or 0.0,
+            prompt_tokens=_opt_int(data, "prompt_tokens", where),
+            cached_prompt_tokens=_opt_int(data, "cached_prompt_tokens", where),
+            ttft_s=_opt_float(data, "ttft_s", where),
+            accept_length=_opt_float(data, "accept_length", where),
+            warmup=_bool_field(data, "warmup", where),
+            in_window=_bool_field(data, "in_window", where),
+            cut=_bool_field(data, "cut", where),
+            error=_str_field(data, "error", where),
+        )
 
 
 @dataclass(frozen=True)
@@ -44,6 +96,12 @@ class LevelSummary:
     error_samples: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     flags: tuple[str, ...] = ()  # machine-readable doubts: untrusted_token_counts, non_finite:<field>, ...
+    # optional since the first schema: absent in older files
+    throughput_halves_rel_diff: float | None = None  # |slope(1st half) - slope(2nd half)| / slope: the uncertainty
+    window_lifetimes: float | None = None  # window length over the mean request latency
+    cached_prompt_fraction: float | None = None  # prompt tokens the server's cache served / prompt tokens
+    accept_hist: tuple[tuple[float, int], ...] = ()  # (lower edge, requests): tokens per verify step, bins of 0.5
+    per_request: tuple[RequestRow, ...] = ()
     meta: Mapping[str, object] = field(default_factory=dict)
 
     @property
@@ -77,6 +135,11 @@ class LevelSummary:
             error_samples=list(self.error_samples),
             warnings=list(self.warnings),
             flags=list(self.flags),
+            throughput_halves_rel_diff=_round(self.throughput_halves_rel_diff),
+            window_lifetimes=_round(self.window_lifetimes),
+            cached_prompt_fraction=_round(self.cached_prompt_fraction),
+            accept_hist=[[edge, n] for edge, n in self.accept_hist],
+            per_request=[row.to_json() for row in self.per_request],
         )
         out.update(self.meta)
         return out
@@ -104,7 +167,7 @@ class LevelSummary:
             raise RecordError(f"{where}: concurrency {concurrency} / throughput {throughput} out of range")
         known = {"schema", "label", "run_id", "concurrency", "throughput_tok_s", "window_s", "window_valid"}
         known |= {"output_tokens", "requests", "errors", "accept_length", "accept_source", "token_source"}
-        known |= {"error_samples", "warnings", "flags", *_DISTS}
+        known |= {"error_samples", "warnings", "flags", *_DISTS, *_OPTIONAL_FLOATS, "accept_hist", "per_request"}
         accept: float | None = None
         if data.get("accept_length") is not None:
             accept = _float_field(data, "accept_length", where, 0.0)
@@ -132,6 +195,14 @@ class LevelSummary:
             error_samples=tuple(str(s) for s in _as_list(data.get("error_samples"))),
             warnings=tuple(str(s) for s in _as_list(data.get("warnings"))),
             flags=tuple(str(s) for s in _as_list(data.get("flags"))),
+            accept_hist=_hist(data.get("accept_hist"), where),
+            per_request=tuple(
+                RequestRow.from_json(row, f"{where}: per_request[{i}]")
+                for i, row in enumerate(_list_field(data, "per_request", where))
+            ),
+            throughput_halves_rel_diff=_opt_float(data, "throughput_halves_rel_diff", where),
+            window_lifetimes=_opt_float(data, "window_lifetimes", where),
+            cached_prompt_fraction=_opt_float(data, "cached_prompt_fraction", where),
             meta={k: v for k, v in data.items() if k not in known},
             **{name: Dist.from_json(data.get(name)) for name in _DISTS},
         )
@@ -151,6 +222,55 @@ def _float_field(data: Mapping[str, object], key: str, where: str, default: floa
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise RecordError(f"{where}: field {key!r} must be a finite number, not {value!r:.60}")
     return float(value)
+
+
+def _opt_int(data: Mapping[str, object], key: str, where: str) -> int | None:
+    return None if data.get(key) is None else _int_field(data, key, where, 0)
+
+
+def _opt_float(data: Mapping[str, object], key: str, where: str) -> float | None:
+    return None if data.get(key) is None else _float_field(data, key, where, 0.0)
+
+
+def _bool_field(data: Mapping[str, object], key: str, where: str) -> bool:
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise RecordError(f"{where}: field {key!r} must be true or false, not {value!r:.60}")
+    return value
+
+
+def _str_field(data: Mapping[str, object], key: str, where: str) -> str:
+    value = data.get(key, "")
+    if not isinstance(value, str):
+        raise RecordError(f"{where}: field {key!r} must be a string, not {value!r:.60}")
+    return value[:1000]
+
+
+def _list_field(data: Mapping[str, object], key: str, where: str) -> list[object]:
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise RecordError(f"{where}: field {key!r} must be a list, not {value!r:.60}")
+    return value
+
+
+def _hist(value: object, where: str) -> tuple[tuple[float, int], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise RecordError(f"{where}: field 'accept_hist' must be a list of [edge, count] pairs, not {value!r:.60}")
+    bins: list[tuple[float, int]] = []
+    for item in value:
+        if not isinstance(item, list) or len(item) != 2:
+            raise RecordError(f"{where}: an accept_hist entry must be [edge, count], not {item!r:.60}")
+        pair = {"edge": item[0], "count": item[1]}
+        bins.append((_float_field(pair, "edge", where, 0.0), _int_field(pair, "count", where, 0)))
+    return tuple(bins)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
 
 
 def _finite(value: object, path: str, bad: list[str]) -> object:

@@ -3,7 +3,14 @@
 Measurement follows the usual pitfalls' cures: each worker's first requests are warm-up; the steady window opens
 when the last worker finished its warm-up and closes when the first worker runs out of work (or at the duration's
 end), so neither the synchronized start nor the drain tail (fewer than C in flight) is measured. Throughput is the
-tokens that arrived inside the window over its length.
+slope of the tokens that arrived inside the window against time; its uncertainty is the relative difference of the
+slopes of the window's two halves.
+
+Accepted length per request, where the server says: SGLang `completion_tokens / spec_verify_ct`; llama.cpp
+`(n - 1) / (n - 1 - draft_n_accepted)` for n output tokens (the first token comes from the prompt pass, and every
+later target step gives one token of its own plus the drafts it accepted; steps where nothing was drafted count as
+steps of one token, so this is tokens per target step, at most llama.cpp's own "mean len", which counts only steps
+that had a draft; `bench` prefers llama.cpp's /metrics counters for the level's value).
 """
 
 from __future__ import annotations
@@ -12,11 +19,11 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sm120check.bench.apis import PATHS, Api, RequestSpec, StreamFormatError, StreamTally, build_body
 from sm120check.bench.http import Connection, Endpoint, HttpError
-from sm120check.bench.records import LevelSummary
+from sm120check.bench.records import LevelSummary, RequestRow
 from sm120check.bench.stats import Dist
 from sm120check.bench.wire import SseDecoder, WireError
 
@@ -54,10 +61,25 @@ class RequestRecord:
     server_lag: tuple[float, ...] = ()
     cut: bool = False  # stopped at the end of a --duration window: its tokens count, its latency does not
     anomalies: tuple[str, ...] = ()  # token counts that cannot be true: the request is left out of the numbers
+    cached_prompt_tokens: int | None = None  # prompt tokens the server's cache served
+    draft_accepted: int | None = None  # llama.cpp timings.draft_n_accepted
+    uncounted: tuple[float, ...] = ()  # a cut request's text chunks whose tokens the server never counted
 
     @property
     def tokens(self) -> int:
         return sum(n for _, n in self.chunks)
+
+    @property
+    def accept_length(self) -> float | None:
+        """Tokens per verify step (see the module docstring); None where the server did not say."""
+        if self.error or self.anomalies:
+            return None
+        if self.spec_verify_ct:
+            return self.tokens / self.spec_verify_ct
+        if self.draft_accepted is not None and self.tokens > 1:
+            steps = self.tokens - 1 - self.draft_accepted
+            return (self.tokens - 1) / steps if steps > 0 else None
+        return None
 
 
 @dataclass
@@ -111,6 +133,7 @@ async def one_request(
     except asyncio.CancelledError:
         if on_cut is not None:
             got = tuple((t, n) for t, n, _ in tally.chunks if n)
+            uncounted = tuple(t for t, n, chars in tally.chunks if n is None and chars)
             cut_anomalies = list(tally.anomalies)
             if sum(n for _, n in got) > spec.output_len:
                 cut_anomalies.append(f"more tokens reported than --output-len {spec.output_len}")
@@ -118,7 +141,7 @@ async def one_request(
             on_cut(
                 RequestRecord(
                     warmup, scheduled, sent[0], time.perf_counter(), first_at, got, cut=True,
-                    anomalies=tuple(cut_anomalies),
+                    anomalies=tuple(cut_anomalies), uncounted=uncounted, spec_verify_ct=tally.spec_verify_ct,
                 )
             )  # fmt: skip
         raise
@@ -144,6 +167,8 @@ async def one_request(
         source,
         tuple(tally.server_lag),
         anomalies=tuple(anomalies),
+        cached_prompt_tokens=tally.cached_prompt_tokens,
+        draft_accepted=tally.draft_accepted,
     )
 
 
@@ -248,29 +273,38 @@ def summarize(
             f"({suspect[0].anomalies[0]}); their tokens are left out of throughput, latency and accept length"
         )
         records = [r for r in records if not r.anomalies]
+    records = _credit_cut_requests(concurrency, records, warnings, flags)
     ok = [r for r in measured if not r.error and not r.anomalies]
+    all_failed = bool(measured) and not ok
     window_valid = t0 is not None and t1 is not None and t1 > t0
     if timed_out:
         warnings.append("the level hit --level-timeout; its numbers cover what finished")
+    if all_failed:
+        warnings.append(
+            f"every measured request at C={concurrency} failed ({len(errors)} of {len(measured)}; first error: "
+            f"{(errors[0].error if errors else 'none')[:200]}); the level has no numbers"
+        )
     if window_valid:
         assert t0 is not None and t1 is not None
         lo, hi = t0, t1
         steady = [r for r in ok if r.scheduled >= lo and r.end <= hi]
-        if not steady:
+        if not steady and not all_failed:
             warnings.append(
                 f"no request ran wholly inside the steady window at C={concurrency}; latency covers all measured "
                 "requests - raise --requests-per-level or --duration"
             )
-            steady = ok
+        steady = steady or ok
     else:
-        warnings.append(
-            f"no steady window at C={concurrency} (a worker ran out of work before all finished warm-up); "
-            "throughput covers all measured requests - raise --requests-per-level to several times C"
-        )
+        if not all_failed:
+            warnings.append(
+                f"no steady window at C={concurrency} (a worker ran out of work before all finished warm-up); "
+                "throughput covers all measured requests - raise --requests-per-level to several times C"
+            )
         steady = ok
         lo = min((r.scheduled for r in ok), default=0.0)
         hi = max((r.end for r in ok), default=0.0)
     throughput, window, in_window = _window_rate(records, lo, hi)
+    halves = _halves_rel_diff(records, lo, hi, throughput)
 
     ttft = [r.first - r.scheduled for r in steady if r.first is not None]
     e2e = [r.end - r.scheduled for r in steady]
@@ -283,7 +317,21 @@ def summarize(
             if prev is not None and t > prev and n > 0:
                 itl.extend([(t - prev) / n] * n)  # a chunk of n tokens: n gaps of equal share
                 prev = t
-    accept, accept_source = _accept_length(steady)
+    lifetimes = window / (sum(e2e) / len(e2e)) if e2e and sum(e2e) > 0 and window > 0 else None
+    if lifetimes is not None and lifetimes < 4 and not all_failed:
+        warnings.append(
+            f"the steady window at C={concurrency} spans only {lifetimes:.1f} request lifetimes (mean latency "
+            f"{sum(e2e) / len(e2e):.3g} s), so the slope is uncertain; raise --requests-per-level (4 or more per "
+            "worker) or --duration"
+        )
+    cached_fraction = _cached_fraction(ok)
+    if cached_fraction is not None and cached_fraction > 0.10:
+        warnings.append(
+            f"{cached_fraction:.0%} of the prompt tokens at C={concurrency} came from the server's prompt cache: "
+            "TTFT and throughput are for cached prompts (prompts sent again, or sharing a long prefix)"
+        )
+    # cut requests' counts so far are consistent pairs (SGLang: tokens and spec_verify_ct of the same event)
+    accept, accept_source = _accept_length([*steady, *(r for r in records if r.cut and not r.warmup)])
     sources = sorted({r.token_source for r in ok if r.token_source})
     samples: list[str] = []
     for r in errors:
@@ -291,6 +339,7 @@ def summarize(
             samples.append(r.error)
         if len(samples) >= _MAX_ERROR_SAMPLES:
             break
+    steady_ids = {id(r) for r in steady} if window_valid else set()
     return LevelSummary(
         concurrency=concurrency,
         throughput_tok_s=throughput,
@@ -312,7 +361,76 @@ def summarize(
         error_samples=tuple(samples),
         warnings=tuple(warnings),
         flags=tuple(flags),
+        throughput_halves_rel_diff=halves,
+        window_lifetimes=lifetimes,
+        cached_prompt_fraction=cached_fraction,
+        accept_hist=_accept_hist(ok),
+        per_request=tuple(_row(r, id(r) in steady_ids) for r in records),
     )
+
+
+def _row(r: RequestRecord, in_window: bool) -> RequestRow:
+    return RequestRow(
+        output_tokens=r.tokens,
+        e2e_s=max(r.end - r.scheduled, 0.0),
+        prompt_tokens=r.prompt_tokens,
+        cached_prompt_tokens=r.cached_prompt_tokens,
+        ttft_s=None if r.first is None else r.first - r.scheduled,
+        accept_length=r.accept_length,
+        warmup=r.warmup,
+        in_window=in_window,
+        cut=r.cut,
+        error=r.error[:300],
+    )
+
+
+def _credit_cut_requests(
+    concurrency: int, records: Sequence[RequestRecord], warnings: list[str], flags: list[str]
+) -> list[RequestRecord]:
+    """Requests cut at a --duration window's end by a server that counts tokens only at the end of a response.
+
+    When every finished request of the level had one token per text event (`usage-per-event`), a cut request's
+    text events are credited one token each (flag `cut_tokens_estimated`); otherwise their tokens are unknown and
+    left out, with a warning (flag `cut_tokens_uncounted`): throughput then reads low by up to C requests' tokens.
+    """
+    cut = [r for r in records if r.cut and r.uncounted]
+    if not cut:
+        return list(records)
+    finished = {r.token_source for r in records if not r.cut and not r.error and r.token_source}
+    if finished == {"usage-per-event"}:
+        flags.append("cut_tokens_estimated")
+        out = []
+        for r in records:
+            if r.cut and r.uncounted:
+                chunks = tuple(sorted((*r.chunks, *((t, 1) for t in r.uncounted))))
+                first = next((t for t, n in chunks if n > 0), None)
+                r = replace(r, chunks=chunks, first=first, uncounted=(), token_source="per-event-estimate")
+            out.append(r)
+        return out
+    flags.append("cut_tokens_uncounted")
+    warnings.append(
+        f"{len(cut)} request(s) cut at the end of the window at C={concurrency} had streamed text whose tokens the "
+        "server counts only at the end of a response; they are left out, so throughput reads low (use "
+        "--requests-per-level, or a server that sends continuous usage)"
+    )
+    return list(records)
+
+
+def _cached_fraction(records: Sequence[RequestRecord]) -> float | None:
+    pairs = [(r.prompt_tokens, r.cached_prompt_tokens) for r in records if r.cached_prompt_tokens is not None]
+    prompt = sum(p for p, _ in pairs if p)
+    cached = sum(c for p, c in pairs if p and c is not None)
+    return min(cached / prompt, 1.0) if prompt > 0 else None
+
+
+def _accept_hist(records: Sequence[RequestRecord]) -> tuple[tuple[float, int], ...]:
+    counts: dict[float, int] = {}
+    for r in records:
+        value = r.accept_length
+        if value is not None and math.isfinite(value):
+            edge = math.floor(value * 2) / 2
+            counts[edge] = counts.get(edge, 0) + 1
+    return tuple(sorted(counts.items()))
 
 
 def _window_rate(records: Sequence[RequestRecord], lo: float, hi: float) -> tuple[float, float, int]:
@@ -322,10 +440,32 @@ def _window_rate(records: Sequence[RequestRecord], lo: float, hi: float) -> tupl
     window is off by up to one step's tokens, which matters when the window holds few steps; the slope of the
     staircase is not. Returns the rate, the span from first to last arrival, and the tokens inside the window.
     """
-    arrivals = sorted((t, n) for r in records if not r.error for t, n in r.chunks if lo <= t < hi and n > 0)
+    arrivals = _arrivals(records, lo, hi)
     tokens = sum(n for _, n in arrivals)
     if len(arrivals) < 2 or arrivals[-1][0] <= arrivals[0][0]:
         return (tokens / (hi - lo) if hi > lo else 0.0), max(hi - lo, 0.0), tokens
+    return _slope(arrivals), arrivals[-1][0] - arrivals[0][0], tokens
+
+
+def _arrivals(records: Sequence[RequestRecord], lo: float, hi: float) -> list[tuple[float, int]]:
+    return sorted((t, n) for r in records if not r.error for t, n in r.chunks if lo <= t < hi and n > 0)
+
+
+def _halves_rel_diff(records: Sequence[RequestRecord], lo: float, hi: float, rate: float) -> float | None:
+    """|slope of the first half - slope of the second half| / slope: how far the level's rate can be trusted."""
+    arrivals = _arrivals(records, lo, hi)
+    if len(arrivals) < 4 or rate <= 0:
+        return None
+    mid = (arrivals[0][0] + arrivals[-1][0]) / 2
+    first = [a for a in arrivals if a[0] < mid]
+    second = [a for a in arrivals if a[0] >= mid]
+    if len(first) < 2 or len(second) < 2 or first[-1][0] <= first[0][0] or second[-1][0] <= second[0][0]:
+        return None
+    return abs(_slope(first) - _slope(second)) / rate
+
+
+def _slope(arrivals: Sequence[tuple[float, int]]) -> float:
+    """Least-squares slope of cumulative tokens against arrival time."""
     cumulative, total = [], 0
     for _, n in arrivals:
         total += n
@@ -335,17 +475,23 @@ def _window_rate(records: Sequence[RequestRecord], lo: float, hi: float) -> tupl
     mn = sum(cumulative) / len(cumulative)
     sxx = sum((t - mt) ** 2 for t in times)
     sxy = sum((t - mt) * (n - mn) for t, n in zip(times, cumulative, strict=True))
-    return sxy / sxx, times[-1] - times[0], tokens
+    return sxy / sxx
 
 
 def _accept_length(records: Sequence[RequestRecord]) -> tuple[float | None, str]:
-    """Tokens per verify step from SGLang's per-request meta_info (completion_tokens / spec_verify_ct)."""
+    """Tokens per verify step over the level's requests, from what each response said (module docstring)."""
     tokens = verify = 0
     for r in records:
         if r.spec_verify_ct:
             tokens += r.tokens
             verify += r.spec_verify_ct
-    if verify == 0:
-        return None, ""
-    value = tokens / verify
-    return (value, "meta_info.spec_verify_ct") if math.isfinite(value) else (None, "")
+    if verify:
+        value = tokens / verify
+        return (value, "meta_info.spec_verify_ct") if math.isfinite(value) else (None, "")
+    for r in records:
+        if r.draft_accepted is not None and r.tokens > 1 and r.tokens - 1 > r.draft_accepted:
+            tokens += r.tokens - 1
+            verify += r.tokens - 1 - r.draft_accepted
+    if verify:
+        return tokens / verify, "timings.draft_n_accepted"
+    return None, ""

@@ -14,6 +14,18 @@ and loses above it. Steps follow an absolute schedule (each ends at the previous
 Python overhead of serving a step does not stretch the simulated time unless the process is saturated.
 
     python -m sm120check.bench.simserver --mode spec --port 30000
+
+`--flavour llamacpp` is a thin stand-in for llama.cpp's `llama-server`, for fast unit tests of the bench's client
+side only: it copies the event shapes listed in /work/shared/reference/real-engine.md ("What llama.cpp sends"), not
+llama.cpp's behaviour (the real server is covered by the tests with a real llama-server). It sends one event per
+token; a completions stream ends with an event holding `choices` (empty text, a finish_reason), `usage` and
+`timings`; a chat stream has a role event (`content: null`), one `delta.content` event per token, a finish event
+with an empty delta, and a usage event (`choices: []`, `usage`, `timings`) only with `include_usage`;
+`continuous_usage_stats` is ignored. `/props`, `/slots` and `/metrics` (`llamacpp:` names, counters updated when a
+request is released) answer; `/get_server_info`, `/server_info` and `/generate` are 404. Its prompt cache: a prompt
+seen before reports `cache_n` = its prompt tokens - 1, unless the request says `cache_prompt: false`. With
+speculation the first token comes from the prompt pass and every later step is a verify step, reported as
+`timings.draft_n` (num_steps per verify step) and `draft_n_accepted` (the step's tokens - 1).
 """
 
 from __future__ import annotations
@@ -88,6 +100,7 @@ class _Seq:
     verify_ct: int = 0
     text_len: int = 0
     reader: asyncio.StreamReader | None = None  # to see a client that hung up (EOF) while its request waits
+    cached: int = 0  # prompt tokens the llama.cpp flavour's cache served
 
 
 @dataclass
@@ -99,12 +112,30 @@ class _Stats:
     max_in_flight: int = 0
     max_step_batch: int = 0  # the largest batch one step served
     started: float = field(default_factory=time.monotonic)
+    # llama.cpp-flavour counters, moved when a request is released (as llama-server's /metrics)
+    released_tokens: int = 0
+    released_prompt: int = 0
+    released_cached: int = 0
+    released_drafts: int = 0  # verify steps that had a draft
+    released_draft_tokens: int = 0
+    released_accepted: int = 0
+    any_spec_release: bool = False
+
+
+FLAVOURS = ("sglang", "llamacpp")
 
 
 class SimServer:
-    def __init__(self, model: SimModel, model_name: str = "sim-model") -> None:
+    def __init__(
+        self, model: SimModel, model_name: str = "sim-model", flavour: str = "sglang", metrics: bool = True
+    ) -> None:
+        if flavour not in FLAVOURS:
+            raise ValueError(f"flavour {flavour!r} must be one of {', '.join(FLAVOURS)}")
         self.model = model
         self.model_name = model_name
+        self.flavour = flavour
+        self.metrics = metrics  # llama.cpp flavour: /metrics on (llama-server --metrics)
+        self._seen_prompts: set[str] = set()
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
         self._wake = asyncio.Event()
@@ -181,15 +212,21 @@ class SimServer:
                 if not seq.done.done():
                     seq.done.set_result(None)
                 continue
-            n = base + (1 if self._rng.random() < frac else 0) if spec else 1
+            llama_first = self.flavour == "llamacpp" and seq.produced == 0  # llama.cpp: the prompt pass's token
+            verify = spec and not llama_first
+            n = base + (1 if self._rng.random() < frac else 0) if verify else 1
             n = min(n, seq.output_len - seq.produced)
             seq.produced += n
-            if spec:
+            if verify:
                 seq.verify_ct += 1
                 self._stats.verify_steps += 1
                 self._stats.accepted_tokens += n
             finished = seq.produced >= seq.output_len
-            seq.writer.write(_frame(self._event(seq, n, finished, stamp)))
+            if self.flavour == "llamacpp":
+                for _ in range(n):  # one event per token, in bursts
+                    seq.writer.write(_frame(self._llama_token_event(seq)))
+            else:
+                seq.writer.write(_frame(self._event(seq, n, finished, stamp)))
             if finished:
                 self._finish(seq)
             else:
@@ -237,8 +274,62 @@ class SimServer:
             "total_tokens": seq.prompt_tokens + seq.produced,
         }
 
+    def _llama_token_event(self, seq: _Seq) -> dict[str, object]:
+        seq.text_len += 4
+        head: dict[str, object] = {"id": seq.rid, "created": 0, "model": seq.model, "system_fingerprint": "b1-sim"}
+        if seq.api == "chat":
+            choice: dict[str, object] = {"finish_reason": None, "index": 0, "delta": {"content": " tok"}}
+            return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+        choice = {"text": " tok", "index": 0, "logprobs": None, "finish_reason": None}
+        return {**head, "object": "text_completion", "choices": [choice]}
+
+    def _llama_final(self, seq: _Seq) -> list[dict[str, object]]:
+        spec = self.model.mode == "spec"
+        usage: dict[str, object] = {
+            "completion_tokens": seq.produced,
+            "prompt_tokens": seq.prompt_tokens,
+            "total_tokens": seq.prompt_tokens + seq.produced,
+            "prompt_tokens_details": {"cached_tokens": seq.cached},
+        }
+        timings: dict[str, object] = {
+            "cache_n": seq.cached,
+            "prompt_n": seq.prompt_tokens - seq.cached,
+            "prompt_ms": 1.0,
+            "predicted_n": seq.produced,
+            "predicted_ms": 10.0,
+        }
+        if spec and seq.verify_ct:
+            timings["draft_n"] = seq.verify_ct * self.model.num_steps
+            timings["draft_n_accepted"] = seq.produced - 1 - seq.verify_ct
+        head: dict[str, object] = {"id": seq.rid, "created": 0, "model": seq.model, "system_fingerprint": "b1-sim"}
+        if seq.api == "chat":
+            finish = {"finish_reason": "length", "index": 0, "delta": {}}
+            events: list[dict[str, object]] = [{**head, "object": "chat.completion.chunk", "choices": [finish]}]
+            if seq.include_usage:
+                events.append(
+                    {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage, "timings": timings}
+                )
+            return events
+        choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}
+        return [{**head, "object": "text_completion", "choices": [choice], "usage": usage, "timings": timings}]
+
+    def _llama_release(self, seq: _Seq) -> None:
+        stats = self._stats
+        stats.released_tokens += seq.produced
+        stats.released_prompt += seq.prompt_tokens - seq.cached
+        stats.released_cached += seq.cached
+        if self.model.mode == "spec" and seq.verify_ct:
+            stats.released_drafts += seq.verify_ct
+            stats.released_draft_tokens += seq.verify_ct * self.model.num_steps
+            stats.released_accepted += seq.produced - 1 - seq.verify_ct
+            stats.any_spec_release = True
+
     def _finish(self, seq: _Seq) -> None:
-        if seq.api != "sglang" and seq.include_usage:
+        if self.flavour == "llamacpp":
+            for event in self._llama_final(seq):
+                seq.writer.write(_frame(event))
+            self._llama_release(seq)
+        elif seq.api != "sglang" and seq.include_usage:
             obj = "chat.completion.chunk" if seq.api == "chat" else "text_completion"
             final = {"id": seq.rid, "object": obj, "model": seq.model, "choices": [], "usage": self._usage(seq)}
             seq.writer.write(_frame(final))
@@ -278,8 +369,19 @@ class SimServer:
         writer: asyncio.StreamWriter,
         reader: asyncio.StreamReader | None = None,
     ) -> None:
+        llama = self.flavour == "llamacpp"
         if method == "GET" and path in ("/health", "/health_generate"):
             _respond(writer, 200, None)
+        elif llama and method == "GET" and path == "/props":
+            _respond(writer, 200, self._props())
+        elif llama and method == "GET" and path == "/slots":
+            _respond(writer, 200, self._slots())
+        elif llama and method == "GET" and path == "/metrics" and self.metrics:
+            _respond(writer, 200, self._metrics(), content_type="text/plain; version=0.0.4")
+        elif llama and method == "GET" and path == "/metrics":  # llama-server without --metrics
+            _respond(writer, 501, {"error": {"code": 501, "message": "This server does not support metrics endpoint."}})
+        elif llama and path in ("/get_server_info", "/server_info", "/generate"):
+            _respond(writer, 404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
         elif method == "GET" and path in ("/get_server_info", "/server_info"):
             _respond(writer, 200, self._server_info())
         elif method == "GET" and path == "/v1/models":
@@ -288,6 +390,50 @@ class SimServer:
             await self._generate(path, body, writer, reader)
         else:
             _respond(writer, 404, {"error": {"message": f"no route {method} {path}"}})
+
+    def _props(self) -> dict[str, object]:
+        return {
+            "default_generation_settings": {"params": {"speculative.types": "none"}, "n_ctx": 512},
+            "total_slots": self.model.max_batch,
+            "model_alias": self.model_name,
+            "model_path": f"/models/{self.model_name}.gguf",
+            "build_info": "b1-sim",
+            "endpoint_slots": True,
+            "endpoint_metrics": True,
+        }
+
+    def _slots(self) -> list[dict[str, object]]:
+        spec = self.model.mode == "spec"
+        types = "none,draft-simple" if spec else "none"
+        return [
+            {"id": i, "n_ctx": 512, "speculative": spec, "is_processing": False, "params": {"speculative.types": types}}
+            for i in range(min(self.model.max_batch, 4))
+        ]
+
+    def _metrics(self) -> str:
+        s = self._stats
+        counters = {
+            "prompt_tokens_total": s.released_prompt,
+            "prompt_tokens_cached_total": s.released_cached,
+            "tokens_predicted_total": s.released_tokens,
+            "n_decode_total": self.steps,
+            "spec_decode_num_draft_tokens_total": s.released_draft_tokens,
+            "spec_decode_num_accepted_tokens_total": s.released_accepted,
+            "spec_decode_num_drafts_total": s.released_drafts,
+        }
+        lines: list[str] = []
+        for kind, items in (("counter", counters), ("gauge", {"requests_processing": s.in_flight})):
+            for name, value in items.items():
+                lines += [
+                    f"# HELP llamacpp:{name} {name}",
+                    f"# TYPE llamacpp:{name} {kind}",
+                    f"llamacpp:{name} {value}",
+                ]
+        if s.any_spec_release:
+            name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+            lines += [f"# HELP {name} Accepted tokens per draft position", f"# TYPE {name} counter"]
+            lines += [f'{name}{{position="{i}"}} 0' for i in range(self.model.num_steps)]
+        return "\n".join(lines) + "\n"
 
     def _server_info(self) -> dict[str, object]:
         spec = self.model.mode == "spec"
@@ -325,6 +471,9 @@ class SimServer:
         if not req.get("stream"):
             _respond(writer, 400, {"error": {"message": "the simulator only streams: set stream to true"}})
             return
+        if path == "/generate" and "cache_prompt" in req:  # SGLang's /generate refuses keys it does not know
+            _respond(writer, 400, {"error": {"message": "unknown field: cache_prompt"}})
+            return
         if path == "/generate":
             api = "sglang"
             params = req.get("sampling_params") or {}
@@ -352,13 +501,19 @@ class SimServer:
             done=asyncio.get_running_loop().create_future(),
             reader=reader,
         )
+        if self.flavour == "llamacpp":
+            key = str(prompt)
+            if key in self._seen_prompts and req.get("cache_prompt", True) is not False:
+                seq.cached = max(prompt_tokens - 1, 0)
+            self._seen_prompts.add(key)
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
             b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
         )
         if api == "chat":
             role: dict[str, object] = {"id": seq.rid, "object": "chat.completion.chunk", "model": seq.model}
-            role["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+            content = None if self.flavour == "llamacpp" else ""
+            role["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": content}, "finish_reason": None}]
             writer.write(_frame(role))
         self._stats.requests += 1
         self._stats.in_flight += 1
@@ -379,11 +534,11 @@ def _frame_raw(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(payload), payload)
 
 
-def _respond(writer: asyncio.StreamWriter, status: int, body: object) -> None:
-    payload = b"" if body is None else json.dumps(body).encode()
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
+def _respond(writer: asyncio.StreamWriter, status: int, body: object, content_type: str = "application/json") -> None:
+    payload = body.encode() if isinstance(body, str) else b"" if body is None else json.dumps(body).encode()
+    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 501: "Not Implemented"}.get(status, "Error")
     writer.write(
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n"
         f"Connection: keep-alive\r\n\r\n".encode()
         + payload
     )
@@ -404,6 +559,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--start-batch", type=int, default=1, help="first step waits until this many requests are in flight"
     )
+    parser.add_argument(
+        "--flavour", choices=FLAVOURS, default="sglang", help="llamacpp: a stand-in with llama.cpp's event shapes"
+    )
+    parser.add_argument("--num-steps", type=int, default=3, help="draft tokens per verify step (reported)")
+    parser.add_argument("--no-metrics", action="store_true", help="llamacpp flavour: /metrics answers 501")
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="exit after this long (a bound, not a hang)")
     args = parser.parse_args(argv)
     try:
@@ -418,14 +578,15 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             admit_grace=args.admit_grace_ms / 1e3,
             start_batch=args.start_batch,
+            num_steps=args.num_steps,
         )
     except ValueError as exc:
         parser.error(str(exc))
-    return asyncio.run(_serve(model, args.port, args.max_seconds))
+    return asyncio.run(_serve(model, args.port, args.max_seconds, args.flavour, not args.no_metrics))
 
 
-async def _serve(model: SimModel, port: int, max_seconds: float) -> int:
-    server = SimServer(model)
+async def _serve(model: SimModel, port: int, max_seconds: float, flavour: str = "sglang", metrics: bool = True) -> int:
+    server = SimServer(model, flavour=flavour, metrics=metrics)
     bound = await server.start(port=port)
     crossover = model.true_crossover()
     print(f"listening on http://127.0.0.1:{bound} mode={model.mode} true_crossover={crossover}", flush=True)

@@ -1,0 +1,230 @@
+"""A strict, small reader of the Prometheus text format (what llama.cpp and vLLM serve at /metrics), and the
+per-level difference of the speculative-decoding counters.
+
+The text comes from a server the bench does not control, so it is bounded (size, line count, label count) and a line
+that is not a sample is skipped and named in `Scrape.problems`, never guessed at. Only what the bench reads is
+parsed: `name{label="value",...} value [timestamp]`; `# HELP` / `# TYPE` and other comments are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+MAX_BYTES = 4 << 20  # a /metrics page of a busy vLLM is ~100 KiB
+MAX_LINES = 50_000
+MAX_LABELS = 32
+_MAX_PROBLEMS = 5
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+class MetricsError(ValueError):
+    """A /metrics body that cannot be read at all (too large, not text)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """Every sample of one /metrics page, and the lines skipped (at most a few, each with its line number)."""
+
+    samples: tuple[Sample, ...] = ()
+    problems: tuple[str, ...] = ()
+    skipped: int = 0
+
+    def value(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
+        """The sum of `name`'s samples whose labels include `labels`; None when there is none."""
+        want = set((labels or {}).items())
+        found = [s.value for s in self.samples if s.name == name and want <= set(s.labels)]
+        return sum(found) if found else None
+
+    def series(self, name: str) -> list[Sample]:
+        return [s for s in self.samples if s.name == name]
+
+    def has_prefix(self, prefix: str) -> bool:
+        return any(s.name.startswith(prefix) for s in self.samples)
+
+
+def parse(text: str | bytes) -> Scrape:
+    """Parse exposition text; raises MetricsError only for a body that is too large or not UTF-8."""
+    if len(text) > MAX_BYTES:
+        raise MetricsError(f"/metrics body is {len(text)} bytes, above the {MAX_BYTES} the bench reads")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MetricsError(f"/metrics body is not UTF-8 text ({exc})") from None
+    lines = text.split("\n")
+    if len(lines) > MAX_LINES:
+        raise MetricsError(f"/metrics body has {len(lines)} lines, above the {MAX_LINES} the bench reads")
+    samples: list[Sample] = []
+    problems: list[str] = []
+    skipped = 0
+    for number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            samples.append(_sample(line))
+        except ValueError as exc:
+            skipped += 1
+            if len(problems) < _MAX_PROBLEMS:
+                problems.append(f"line {number}: {exc}: {line[:80]!r}")
+    return Scrape(tuple(samples), tuple(problems), skipped)
+
+
+def _sample(line: str) -> Sample:
+    match = _NAME.match(line)
+    if not match:
+        raise ValueError("no metric name")
+    name, pos = match.group(0), match.end()
+    labels: list[tuple[str, str]] = []
+    if pos < len(line) and line[pos] == "{":
+        pos += 1
+        while True:
+            while pos < len(line) and line[pos] in " \t":
+                pos += 1
+            if pos < len(line) and line[pos] == "}":
+                pos += 1
+                break
+            label = _LABEL_NAME.match(line, pos)
+            if not label or line[label.end() : label.end() + 2] != '="':
+                raise ValueError("bad label")
+            pos = label.end() + 2
+            chars: list[str] = []
+            while True:
+                if pos >= len(line):
+                    raise ValueError("unterminated label value")
+                ch = line[pos]
+                if ch == "\\":
+                    if pos + 1 >= len(line) or line[pos + 1] not in _ESCAPES:
+                        raise ValueError("bad escape in a label value")
+                    chars.append(_ESCAPES[line[pos + 1]])
+                    pos += 2
+                    continue
+                pos += 1
+                if ch == '"':
+                    break
+                chars.append(ch)
+            labels.append((label.group(0), "".join(chars)))
+            if len(labels) > MAX_LABELS:
+                raise ValueError(f"more than {MAX_LABELS} labels")
+            if pos < len(line) and line[pos] == ",":
+                pos += 1
+            elif pos < len(line) and line[pos] == "}":
+                pos += 1
+                break
+            else:
+                raise ValueError("labels not separated by ','")
+    rest = line[pos:].split()
+    if not rest or len(rest) > 2 or (pos < len(line) and line[pos] not in " \t"):
+        raise ValueError("want 'name value [timestamp]'")
+    value = _number(rest[0])
+    if len(rest) == 2:
+        _number(rest[1])  # a timestamp: checked, not kept
+    return Sample(name, tuple(labels), value)
+
+
+def _number(text: str) -> float:
+    special = {"+Inf": math.inf, "Inf": math.inf, "-Inf": -math.inf, "NaN": math.nan}
+    if text in special:
+        return special[text]
+    if not re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", text):
+        raise ValueError(f"value {text[:30]!r} is not a number")
+    return float(text)
+
+
+# -- speculative decoding counters, differenced per level -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpecFamily:
+    """Where one engine keeps its speculative counters (mean accepted length = 1 + accepted / drafts)."""
+
+    engine: str
+    accepted: str
+    drafts: str
+    draft_tokens: str
+    in_flight: str
+    per_pos: str = ""
+
+
+SPEC_FAMILIES = (
+    SpecFamily(
+        "llama.cpp",
+        "llamacpp:spec_decode_num_accepted_tokens_total",
+        "llamacpp:spec_decode_num_drafts_total",
+        "llamacpp:spec_decode_num_draft_tokens_total",
+        "llamacpp:requests_processing",
+        "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
+    ),
+    SpecFamily(
+        "vllm",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:num_requests_running",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    ),
+)
+
+
+def family_for(engine: str) -> SpecFamily | None:
+    return next((f for f in SPEC_FAMILIES if f.engine == engine), None)
+
+
+@dataclass(frozen=True)
+class SpecDelta:
+    """The speculative counters' growth over one level."""
+
+    accepted: float
+    drafts: float
+    draft_tokens: float | None
+
+    @property
+    def accept_length(self) -> float | None:
+        """Tokens per verify step: each verify step gives the target's own token plus the accepted drafts."""
+        if self.drafts <= 0 or self.accepted < 0:
+            return None
+        return 1.0 + self.accepted / self.drafts
+
+
+@dataclass(frozen=True)
+class LevelDelta:
+    spec: SpecDelta | None = None
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+
+def spec_delta(family: SpecFamily, before: Scrape, after: Scrape) -> LevelDelta:
+    """The level's own counts (after - before); a counter that went down (a restart) is a problem, not a value."""
+    pairs = {}
+    for key, name in (("accepted", family.accepted), ("drafts", family.drafts), ("draft_tokens", family.draft_tokens)):
+        a, b = before.value(name), after.value(name)
+        pairs[key] = None if a is None or b is None else b - a
+    accepted, drafts = pairs["accepted"], pairs["drafts"]
+    if accepted is None or drafts is None:
+        return LevelDelta()
+    if accepted < 0 or drafts < 0 or not math.isfinite(accepted) or not math.isfinite(drafts):
+        return LevelDelta(problems=(f"{family.accepted} or {family.drafts} went down during the level (restart?)",))
+    if drafts == 0:
+        return LevelDelta()
+    return LevelDelta(SpecDelta(accepted, drafts, pairs["draft_tokens"]))
+
+
+def draft_positions(family: SpecFamily, scrape: Scrape) -> int | None:
+    """Draft tokens per verify step as the number of per-position acceptance series (llama.cpp: the draft max)."""
+    if not family.per_pos:
+        return None
+    positions = {dict(s.labels).get("position") for s in scrape.series(family.per_pos)}
+    positions.discard(None)
+    return len(positions) or None
