@@ -17,6 +17,8 @@ from typing import Any
 
 from sm120check import __version__
 from sm120check.bench.apis import Api, RequestSpec
+from sm120check.bench.arrivals import Arrivals
+from sm120check.bench.datasets import FORMATS, DatasetError, load_dataset, parse_categories
 from sm120check.bench.engines import (
     ServerFacts,
     bounded_get_json,
@@ -25,8 +27,10 @@ from sm120check.bench.engines import (
     fetch_sglang_info,
     scrape_metrics,
 )
+from sm120check.bench.goodput import GoodputError, Slo, compute_goodput
 from sm120check.bench.http import Connection, Endpoint, HttpError, has_credentials, redact_url
 from sm120check.bench.metrics import Scrape, SpecFamily, family_for, spec_delta
+from sm120check.bench.openloop import HARD_MAX_IN_FLIGHT, OpenLoopStats, RatePlan, peak_in_flight, run_rate_level
 from sm120check.bench.prompts import load_prompt_file, synthetic_prompts, unique_prompt
 from sm120check.bench.records import LevelSummary, append_jsonl, seed_table
 from sm120check.bench.runner import LevelPlan, run_level, summarize
@@ -101,6 +105,66 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def parse_rates(text: str) -> list[float]:
+    """`--request-rate 1,2,4,inf`: offered requests per second, one open-loop level each."""
+    rates: list[float] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"request rate {part!r} is not a number (e.g. 1,2,4,8 or inf)") from None
+        if math.isnan(value) or value <= 0:
+            raise argparse.ArgumentTypeError(
+                f"request rate {part!r} must be > 0 requests per second (inf: all at once)"
+            )
+        if value not in rates:
+            rates.append(value)
+    if not rates:
+        raise argparse.ArgumentTypeError("no request rates given (e.g. --request-rate 1,2,4,8)")
+    return rates
+
+
+def _burstiness(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if math.isnan(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0: 1 = Poisson, below 1 burstier, above 1 more even")
+    return value
+
+
+def _max_in_flight(text: str) -> int:
+    value = _positive_int(text)
+    if value > HARD_MAX_IN_FLIGHT:
+        raise argparse.ArgumentTypeError(
+            f"{value} is above {HARD_MAX_IN_FLIGHT} (one connection per request in flight)"
+        )
+    return value
+
+
+def _slo(text: str) -> Slo:
+    try:
+        return Slo.parse(text)
+    except GoodputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _categories(text: str) -> tuple[str, ...]:
+    try:
+        return parse_categories(text)
+    except DatasetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def default_rate_requests(rate: float) -> int:
+    """Measured arrivals per rate level without --requests-per-level: about 10 s of them, 32 to 4096."""
+    return 32 if math.isinf(rate) else max(32, min(4096, math.ceil(10 * rate)))
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "bench",
@@ -110,7 +174,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
     p.add_argument("--api", choices=[a.value for a in Api], default=Api.SGLANG.value, help="request shape")
-    p.add_argument("--concurrency", type=parse_levels, default=DEFAULT_LEVELS, help="comma-separated levels")
+    p.add_argument(
+        "--concurrency", type=parse_levels, help=f"comma-separated levels (closed loop; default {DEFAULT_LEVELS})"
+    )
+    p.add_argument(
+        "--request-rate",
+        type=parse_rates,
+        help="open loop instead: comma-separated offered rates, requests/s (inf: all at once), one level each",
+    )
+    p.add_argument(
+        "--burstiness", type=_burstiness, default=1.0, help="open loop: gamma shape of the arrival gaps; 1 = Poisson"
+    )
+    p.add_argument(
+        "--max-in-flight",
+        type=_max_in_flight,
+        help="open loop: cap on requests in flight; later arrivals wait, and the wait counts in their latency",
+    )
+    p.add_argument("--slo", type=_slo, help="goodput SLOs in seconds, e.g. ttft=0.5,tpot=0.05,e2e=10")
     amount = p.add_mutually_exclusive_group()
     amount.add_argument(
         "--requests-per-level",
@@ -118,12 +198,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="measured requests per level (default: 4*C, at least 32: fewer leave the slope uncertain)",
     )
     amount.add_argument("--duration", type=_positive_float, help="seconds of steady window per level instead")
-    p.add_argument("--warmup", type=int, default=1, help="warm-up requests per worker before measuring")
+    p.add_argument(
+        "--warmup", type=int, help="warm-up requests per worker before measuring (default 1); open loop: arrivals (8)"
+    )
     p.add_argument("--input-len", type=_positive_int, default=256, help="synthetic prompt length in words")
     p.add_argument("--output-len", type=_positive_int, default=256, help="output tokens per request")
     p.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (>= 0)")
     p.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (variable lengths)")
     p.add_argument("--prompt-file", type=Path, help="prompts, one per line or JSONL with a prompt field")
+    p.add_argument("--dataset", type=Path, help="prompts from a ShareGPT JSON or SPEED-Bench JSONL file")
+    p.add_argument("--dataset-format", choices=FORMATS, default="auto", help="the --dataset file's format")
+    p.add_argument("--category", type=_categories, help="--dataset categories to keep, comma-separated")
     p.add_argument(
         "--allow-prompt-reuse",
         action="store_true",
@@ -168,11 +253,32 @@ class ApiMismatch(Exception):
 
 
 def handle(args: argparse.Namespace) -> int:
-    levels: list[int] = parse_levels(args.concurrency) if isinstance(args.concurrency, str) else args.concurrency
+    concurrency = getattr(args, "concurrency", None)
+    rates: list[float] | None = getattr(args, "request_rate", None)
+    usage = ""
+    if rates is not None and concurrency is not None:
+        usage = "give --concurrency (closed loop) or --request-rate (open loop), not both"
+    elif getattr(args, "max_in_flight", None) is not None and rates is None:
+        usage = "--max-in-flight caps the open loop: give --request-rate too (the closed loop's cap is --concurrency)"
+    elif getattr(args, "dataset", None) is not None and args.prompt_file is not None:
+        usage = "give --prompt-file or --dataset, not both"
+    elif getattr(args, "category", None) and getattr(args, "dataset", None) is None:
+        usage = "--category selects rows of a --dataset file: give --dataset too"
+    if usage:
+        print(f"sm120check bench: {usage}", file=sys.stderr)
+        return 2
+    if isinstance(concurrency, str):
+        concurrency = parse_levels(concurrency)
+    levels: list[int] = concurrency or parse_levels(DEFAULT_LEVELS)
+    if args.warmup is None:
+        args.warmup = 1 if rates is None else 8
     try:
         endpoint = Endpoint.parse(args.url)
         prompts = load_prompt_file(args.prompt_file) if args.prompt_file else None
-    except ValueError as exc:
+        if getattr(args, "dataset", None) is not None:
+            dataset = load_dataset(args.dataset, args.dataset_format, args.category or ())
+            prompts = [p.text for p in dataset.sample(len(dataset.prompts), args.seed)]
+    except ValueError as exc:  # DatasetError is a ValueError
         print(f"sm120check bench: {exc}", file=sys.stderr)
         return 2
     if args.warmup < 0:
@@ -265,24 +371,45 @@ async def _sweep(
     # llama.cpp's cache_prompt; SGLang's /generate and vLLM reject keys they do not know
     cache_prompt = False if facts.engine == "llama.cpp" and api is not Api.SGLANG and not reuse else None
     source = f"file:{args.prompt_file.name}" if args.prompt_file else "synthetic"
+    if getattr(args, "dataset", None) is not None:
+        categories = f":{','.join(args.category)}" if args.category else ""
+        source = f"dataset:{args.dataset.name}:{args.dataset_format}{categories}"
     meta: dict[str, Any] = {
         "api": api.value,
         "url": str(endpoint),
         "model": model or facts.model,
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in recorded.items()},
+        "args": {k: (str(v) if isinstance(v, (Path, Slo)) else v) for k, v in recorded.items()},
         "client": {"host": socket.gethostname(), "sm120check": __version__},
         "prompts": {"unique": not reuse, "cache_prompt": cache_prompt, "source": source},
         "pause_s": pause,
     }
     family = family_for(facts.engine) if facts.has_metrics else None
     pool = prompts or synthetic_prompts(max(4 * max(levels), 64), args.input_len, args.seed)
-    for number, c in enumerate(levels):
-        if args.duration is not None:
-            plan = LevelPlan(c, duration=args.duration, warmup=args.warmup)
+    rates: list[float] | None = getattr(args, "request_rate", None)
+    steps: list[float] = list(rates) if rates else [float(c) for c in levels]
+    for number, step in enumerate(steps):
+        c = number if rates else int(step)  # a closed level's concurrency; an open level's index (for its prompts)
+        name = f"rate {step:g}/s" if rates else f"C={c}"
+        if rates is None:
+            if args.duration is not None:
+                plan = LevelPlan(c, duration=args.duration, warmup=args.warmup)
+            else:
+                plan = LevelPlan(c, requests=args.requests_per_level or default_requests(c), warmup=args.warmup)
+            plan = replace(plan, request_timeout=args.request_timeout, level_timeout=args.level_timeout)
+            amount = plan.requests or f"{plan.duration:g} s of"
+            say(f"{name}: {amount} measured requests after {args.warmup} warm-up each")
         else:
-            plan = LevelPlan(c, requests=args.requests_per_level or default_requests(c), warmup=args.warmup)
-        plan = replace(plan, request_timeout=args.request_timeout, level_timeout=args.level_timeout)
-        say(f"C={c}: {plan.requests or f'{plan.duration:g} s of'} measured requests after {args.warmup} warm-up each")
+            rate_plan = RatePlan(
+                Arrivals(step, args.burstiness, seed=args.seed + number),
+                requests=None if args.duration is not None else args.requests_per_level or default_rate_requests(step),
+                duration=args.duration,
+                warmup=args.warmup,
+                max_in_flight=args.max_in_flight,
+                request_timeout=args.request_timeout,
+                level_timeout=args.level_timeout,
+            )
+            amount = rate_plan.requests or f"{rate_plan.duration:g} s of"
+            say(f"{name}: {amount} measured arrivals ({rate_plan.arrivals.describe}) after {args.warmup} warm-up")
 
         def make_spec(i: int, c: int = c) -> RequestSpec:
             body = pool[i % len(pool)]
@@ -291,9 +418,39 @@ async def _sweep(
 
         before = await scrape_metrics(endpoint, headers, info_timeout) if family else None
         started = datetime.datetime.now(datetime.timezone.utc)
-        records, t0, t1, timed_out = await run_level(endpoint, api, plan, make_spec, headers, say)
-        ended = datetime.datetime.now(datetime.timezone.utc)
-        summary = summarize(c, records, t0, t1, timed_out)
+        open_meta: dict[str, Any] = {}
+        if rates is None:
+            records, t0, t1, timed_out = await run_level(endpoint, api, plan, make_spec, headers, say)
+            ended = datetime.datetime.now(datetime.timezone.utc)
+            summary = summarize(c, records, t0, t1, timed_out)
+        else:
+            stats = OpenLoopStats()
+            records, t0, t1, timed_out = await run_rate_level(
+                endpoint, api, rate_plan, make_spec, headers, say, stats=stats
+            )
+            ended = datetime.datetime.now(datetime.timezone.utc)
+            in_flight = rate_plan.max_in_flight or max(peak_in_flight(records), 1)
+            summary = summarize(in_flight, records, t0, t1, timed_out)
+            summary = replace(
+                summary,
+                mode="open",
+                request_rate=step,
+                burstiness=args.burstiness,
+                warnings=(*summary.warnings, *stats.warnings(rate_plan)),
+            )
+            open_meta = {
+                "offered_rate": stats.offered_rate,
+                "max_in_flight": rate_plan.max_in_flight,
+                "arrivals": {
+                    "total": stats.arrivals,
+                    "measured": stats.measured,
+                    "tail": stats.tail,
+                    "waited_for_slot": stats.waited_for_slot,
+                    "peak_in_flight": stats.peak_in_flight,
+                },
+            }
+        if args.slo is not None:
+            summary = replace(summary, goodput=compute_goodput(args.slo, records, t0, t1))
         stalled: HttpError | None = None
         level_meta: dict[str, Any] = {}
         try:
@@ -322,6 +479,7 @@ async def _sweep(
             level_started_epoch=round(started.timestamp(), 3),
             level_ended_epoch=round(ended.timestamp(), 3),
             server_accept_length_cumulative=server_accept,
+            **open_meta,
             **level_meta,
         )
         summary = replace(summary, label=args.label, run_id=run_id, meta=level_meta)
@@ -330,18 +488,22 @@ async def _sweep(
             try:
                 append_jsonl(args.out, [summary])
             except OSError as exc:  # checked up front; this is a disk that filled or went away during the sweep
-                message = f"cannot append the C={c} record to {args.out}: {exc.strerror or exc}"
+                message = f"cannot append the {name} record to {args.out}: {exc.strerror or exc}"
                 raise SweepError(message, records_kept=False) from None
         accept = f", accept length {summary.accept_length:.2f}" if summary.accept_length else ""
+        good = ""
+        if summary.goodput is not None:
+            g = summary.goodput
+            good = f", goodput {g.request_goodput:.2f} req/s ({g.good}/{g.finished} met --slo)"
         say(
-            f"C={c}: {summary.throughput_tok_s:.1f} tok/s, {summary.per_request_mean:.1f} tok/s per request, "
-            f"{summary.errors}/{summary.requests} errors{accept}"
+            f"{name}: {summary.throughput_tok_s:.1f} tok/s, {summary.per_request_mean:.1f} tok/s per request, "
+            f"{summary.errors}/{summary.requests} errors{accept}{good}"
         )
         for warning in summary.warnings:
             say(f"  warning: {warning}")
         if stalled is not None:
-            raise SweepError(f"stopped after C={c}: {stalled}")
-        if pause > 0 and number < len(levels) - 1:
+            raise SweepError(f"stopped after {name}: {stalled}")
+        if pause > 0 and number < len(steps) - 1:
             await asyncio.sleep(pause)
 
 

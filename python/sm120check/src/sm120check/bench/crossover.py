@@ -5,15 +5,22 @@ linearly in log(concurrency) on log(ratio). Its uncertainty comes from repeated 
 spec run). Cost model: with B requests running, a plain step takes a + bB and gives B tokens, a verify step takes
 c + dB and gives tau*B, so B/throughput is a straight line in B for each: a + bB and (c + dB)/tau. Weighted least
 squares on those lines gives a, b, c/tau, d/tau; the lines cross at the predicted crossover.
+
+Other axes (`analyze_mode`): the same interpolation on any metric against concurrency or offered request rate:
+throughput, goodput (good requests/s) or token goodput (tokens/s of good requests) of each level; open-loop levels
+(`mode` "open") are on the request-rate axis, closed-loop ones on the concurrency axis. The cost model needs the
+closed loop's concurrency and throughput, so it is fitted only by `analyze`.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from sm120check.bench.goodput import Goodput, GoodputError
 from sm120check.bench.records import LevelSummary, RecordError
 from sm120check.bench.stats import mean_std
 
@@ -99,6 +106,7 @@ class Analysis:
     spec_runs: int
     spec_steps: int | None  # speculative_num_steps the spec server reported
     warnings: tuple[str, ...] = ()
+    spec_reported: bool | None = None  # the spec server said speculation was on / off; None: it did not say
 
 
 def group_runs(records: Iterable[LevelSummary], name: str, warnings: list[str]) -> list[Curve]:
@@ -115,6 +123,7 @@ def group_runs(records: Iterable[LevelSummary], name: str, warnings: list[str]) 
 def analyze(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: tuple[str, str]) -> Analysis:
     """Compare the two sweeps. Raises RecordError when they cannot be compared."""
     warnings: list[str] = []
+    base, spec = _closed_only(base, names[0], warnings), _closed_only(spec, names[1], warnings)
     base_runs = group_runs(base, names[0], warnings)
     spec_runs = group_runs(spec, names[1], warnings)
     _check_labels(base, spec, names, warnings)
@@ -140,24 +149,49 @@ def analyze(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: t
     tau = sum(accept) / len(accept) if accept else None
     model = fit_cost_model(base_runs, spec_runs, common, tau)
     steps = _spec_steps(spec)
-    return Analysis(levels, crossover, model, len(base_runs), len(spec_runs), steps, tuple(warnings))
+    reported = {speculation_reported(r)[0] for r in spec}
+    spec_reported = True if True in reported else (False if reported == {False} else None)
+    return Analysis(levels, crossover, model, len(base_runs), len(spec_runs), steps, tuple(warnings), spec_reported)
+
+
+def speculation_reported(record: LevelSummary) -> tuple[bool | None, str]:
+    """Whether the record's server said speculation was on: True, False, or None when it did not say (an engine
+    without SGLang's server info, such as llama.cpp or vLLM); and what it named. Reads the normalized
+    `meta.server.speculative` and falls back to `speculative_algorithm` (present, even as null, only when the
+    server reported it) for older files."""
+    server = record.meta.get("server")
+    if not isinstance(server, Mapping):
+        return None, ""
+    algo = server.get("speculative_algorithm")
+    named = str(algo) if isinstance(algo, str) and algo else ""
+    if "speculative" in server:
+        value = server.get("speculative")
+        return (value if isinstance(value, bool) else None), named
+    if "speculative_algorithm" in server:
+        return (algo is not None and algo != ""), named
+    return None, ""
 
 
 def _check_labels(
     base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: tuple[str, str], warnings: list[str]
 ) -> None:
-    def algo(records: Sequence[LevelSummary]) -> set[str]:
-        found = set()
+    def said(records: Sequence[LevelSummary]) -> tuple[set[bool | None], set[str]]:
+        values, algos = set(), set()
         for r in records:
-            server = r.meta.get("server")
-            if isinstance(server, Mapping):
-                found.add(str(server.get("speculative_algorithm")))
-        return found
+            value, algo = speculation_reported(r)
+            values.add(value)
+            if algo:
+                algos.add(algo)
+        return values, algos
 
-    if algo(base) - {"None"}:
-        warnings.append(f"{names[0]} was measured on a server with speculation on ({', '.join(algo(base))})")
-    if algo(spec) == {"None"}:
-        warnings.append(f"{names[1]} was measured on a server without speculation (speculative_algorithm null)")
+    base_said, base_algos = said(base)
+    if True in base_said:
+        shown = ", ".join(sorted(base_algos)) or "speculative: true"
+        warnings.append(f"{names[0]} was measured on a server with speculation on ({shown})")
+    spec_said, _ = said(spec)
+    if spec_said == {False}:
+        warnings.append(f"{names[1]} was measured on a server without speculation (the server reported it off)")
+    # None (the server did not say, e.g. llama.cpp or vLLM without SGLang's server info) is unknown: no warning
 
 
 def _levels(values: Iterable[int]) -> str:
@@ -193,7 +227,7 @@ def _compare(c: int, base_runs: Sequence[Curve], spec_runs: Sequence[Curve]) -> 
     )
 
 
-def interpolate(levels: Sequence[int], base: Sequence[float], spec: Sequence[float]) -> tuple[str, float | None, int]:
+def interpolate(levels: Sequence[float], base: Sequence[float], spec: Sequence[float]) -> tuple[str, float | None, int]:
     """First downward crossing of spec/base through 1, in log-log; returns status, value, number of crossings."""
     g = [math.log(s / b) if s > 0 and b > 0 else math.nan for s, b in zip(spec, base, strict=True)]
     pts = [(c, v) for c, v in zip(levels, g, strict=True) if not math.isnan(v)]
@@ -335,3 +369,316 @@ def model_throughput(model: CostModel, c: float, spec: bool) -> float:
     """Throughput the fitted model predicts at concurrency c."""
     per = model.c_over_tau + model.d_over_tau * c if spec else model.a + model.b * c
     return c / per if per > 0 else math.nan
+
+
+# --- crossover on other axes and metrics: open-loop request rate, goodput ---------------------------------------
+
+X_AXES = ("concurrency", "rate")
+METRICS = ("throughput", "goodput", "token-goodput")
+_METRIC_UNITS = {"throughput": "tok/s", "goodput": "good req/s", "token-goodput": "good tok/s"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One level of one run on a chosen axis: x is the concurrency or the offered request rate (req/s)."""
+
+    run_id: str
+    x: float
+    y: float
+    accept_hist: tuple[tuple[float, int], ...] = ()  # (lower edge, requests), where the record has one
+
+
+@dataclass(frozen=True)
+class ModeLevel:
+    x: float
+    base: Spread
+    spec: Spread
+    ratio: float  # spec / base of the means
+    ratio_std: float
+    accept_hist: tuple[tuple[float, int], ...] = ()  # the spec sweep's per-request accept lengths, all runs
+
+
+@dataclass(frozen=True)
+class ModeAnalysis:
+    x_axis: str  # "concurrency" or "rate"
+    metric: str  # "throughput", "goodput" or "token-goodput"
+    levels: tuple[ModeLevel, ...]
+    crossover: Crossover
+    base_runs: int
+    spec_runs: int
+    warnings: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        c = self.crossover
+        return {
+            "x_axis": self.x_axis,
+            "metric": self.metric,
+            "unit": _METRIC_UNITS[self.metric],
+            "levels": [
+                {
+                    "x": lv.x,
+                    "base_mean": lv.base.mean,
+                    "base_std": lv.base.std,
+                    "spec_mean": lv.spec.mean,
+                    "spec_std": lv.spec.std,
+                    "ratio": None if math.isnan(lv.ratio) else lv.ratio,
+                    "ratio_std": None if math.isnan(lv.ratio_std) else lv.ratio_std,
+                    "accept_hist": [[edge, n] for edge, n in lv.accept_hist],
+                }
+                for lv in self.levels
+            ],
+            "crossover": {
+                "status": c.status,
+                "value": c.value,
+                "low": c.low,
+                "high": c.high,
+                "std": c.std,
+                "pairs": c.pairs,
+                "pairs_without": c.pairs_without,
+                "message": c.message,
+            },
+            "base_runs": self.base_runs,
+            "spec_runs": self.spec_runs,
+            "warnings": list(self.warnings),
+        }
+
+    def render_text(self, names: tuple[str, str]) -> str:
+        axis = "C" if self.x_axis == "concurrency" else "rate (req/s)"
+        unit = _METRIC_UNITS[self.metric]
+        hist = any(lv.accept_hist for lv in self.levels)  # a column only where the records have histograms
+        lines = [
+            f"{self.metric} ({unit}) against {self.x_axis}: {names[0]} ({self.base_runs} run(s)) vs "
+            f"{names[1]} ({self.spec_runs} run(s))",
+            f"| {axis} | {names[0]} | {names[1]} | spec/base |" + (" spec accept length: requests |" if hist else ""),
+            "|---|---|---|---|" + ("---|" if hist else ""),
+        ]
+        for lv in self.levels:
+            ratio = "n/a" if math.isnan(lv.ratio) else f"{lv.ratio:.3f}"
+            row = f"| {lv.x:g} | {_spread(lv.base)} | {_spread(lv.spec)} | {ratio} |"
+            if hist:
+                row += " " + (" ".join(f"{edge:g}+:{n}" for edge, n in lv.accept_hist) or "-") + " |"
+            lines.append(row)
+        lines.append(self.crossover.message)
+        lines.extend(f"warning: {w}" for w in self.warnings)
+        return "\n".join(lines)
+
+
+def _spread(s: Spread) -> str:
+    if math.isnan(s.mean):
+        return "n/a"
+    return f"{s.mean:.3g} +- {s.std:.2g}" if s.n > 1 else f"{s.mean:.3g}"
+
+
+def level_mode(record: LevelSummary) -> str:
+    """ "open" for an open-loop (request-rate) level, "closed" otherwise (records from before open loop existed)."""
+    return "open" if "open" in (getattr(record, "mode", None), record.meta.get("mode")) else "closed"
+
+
+def level_rate(record: LevelSummary) -> float | None:
+    """The offered request rate of an open-loop level (req/s; inf for all at once), None when not recorded."""
+    value = getattr(record, "request_rate", None)
+    if value is None:
+        value = record.meta.get("request_rate")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
+        return None
+    return float(value)
+
+
+def level_goodput(record: LevelSummary, where: str) -> Goodput | None:
+    """The level's goodput: the record's typed field once it has one, else its JSON under `goodput` (older
+    readers keep unknown keys in meta). Raises RecordError for a goodput entry that cannot be true."""
+    value = getattr(record, "goodput", None)
+    if isinstance(value, Goodput):
+        return value
+    raw = record.meta.get("goodput") if value is None else value
+    if raw is None:
+        return None
+    try:
+        return Goodput.from_json(raw, where)
+    except GoodputError as exc:
+        raise RecordError(str(exc)) from None
+
+
+def _closed_only(records: Sequence[LevelSummary], name: str, warnings: list[str]) -> list[LevelSummary]:
+    closed = [r for r in records if level_mode(r) == "closed"]
+    if len(closed) < len(records):
+        if not closed:
+            raise RecordError(
+                f"{name} holds only open-loop (request-rate) levels: compare them on the rate axis "
+                "(analyze_mode with x_axis='rate'; `crossover --x rate`)"
+            )
+        warnings.append(f"{name}: {len(records) - len(closed)} open-loop level(s) left out of the concurrency axis")
+    return closed
+
+
+def points(records: Sequence[LevelSummary], name: str, x_axis: str, metric: str, warnings: list[str]) -> list[Point]:
+    """The records as points on the axis; levels of the other loop mode, or without the metric, are left out
+    (with a warning)."""
+    if x_axis not in X_AXES or metric not in METRICS:
+        raise RecordError(f"axis {x_axis!r} / metric {metric!r}: give x in {X_AXES} and a metric in {METRICS}")
+    want = "closed" if x_axis == "concurrency" else "open"
+    out: list[Point] = []
+    other = no_rate = no_goodput = 0
+    for index, r in enumerate(records):
+        if level_mode(r) != want:
+            other += 1
+            continue
+        x = float(r.concurrency) if x_axis == "concurrency" else level_rate(r)
+        if x is None or math.isinf(x):
+            no_rate += 1
+            continue
+        if metric == "throughput":
+            y = r.throughput_tok_s
+        else:
+            goodput = level_goodput(r, f"{name} record {index + 1}")
+            if goodput is None:
+                no_goodput += 1
+                continue
+            y = goodput.request_goodput if metric == "goodput" else goodput.token_goodput
+        out.append(Point(r.run_id, x, y, tuple(getattr(r, "accept_hist", ()))))
+    if other:
+        mode = "open-loop (request-rate)" if want == "closed" else "closed-loop (concurrency)"
+        warnings.append(f"{name}: {other} {mode} level(s) are not on the {x_axis} axis and are left out")
+    if no_rate:
+        warnings.append(f"{name}: {no_rate} open-loop level(s) without a finite request rate are left out")
+    if no_goodput:
+        warnings.append(f"{name}: {no_goodput} level(s) without goodput (measured without --slo) are left out")
+    return out
+
+
+def analyze_mode(
+    base: Sequence[LevelSummary],
+    spec: Sequence[LevelSummary],
+    names: tuple[str, str],
+    x_axis: str = "concurrency",
+    metric: str = "throughput",
+) -> ModeAnalysis:
+    """Where spec/base of `metric` falls through 1 along `x_axis`. Raises RecordError when it cannot be found."""
+    warnings: list[str] = []
+    _check_labels(base, spec, names, warnings)
+    return compare_points(
+        points(base, names[0], x_axis, metric, warnings),
+        points(spec, names[1], x_axis, metric, warnings),
+        names,
+        x_axis,
+        metric,
+        warnings,
+    )
+
+
+def _key(x: float) -> float:
+    return round(x, 9)  # rates typed on two command lines as 2 and 2.0 are one level
+
+
+def compare_points(
+    base: Sequence[Point],
+    spec: Sequence[Point],
+    names: tuple[str, str],
+    x_axis: str,
+    metric: str,
+    warnings: list[str] | None = None,
+) -> ModeAnalysis:
+    """The crossover of two sets of points (several runs by run_id); interpolated in log(x) on log(ratio)."""
+    notes = list(warnings or [])
+
+    hists: dict[float, Counter[float]] = {}
+
+    def runs(pts: Sequence[Point], name: str) -> list[dict[float, float]]:
+        out: dict[str, dict[float, float]] = {}
+        for p in pts:
+            if pts is spec:
+                for edge, n in p.accept_hist:
+                    hists.setdefault(_key(p.x), Counter())[edge] += n
+            if not (math.isfinite(p.x) and p.x > 0 and math.isfinite(p.y) and p.y >= 0):
+                notes.append(f"{name}: a level at {p.x:g} with {metric} {p.y:g} is not usable and is left out")
+                continue
+            curve = out.setdefault(p.run_id, {})
+            if _key(p.x) in curve:
+                notes.append(f"{name}: run {p.run_id or '(no id)'} has {x_axis} {p.x:g} twice; the later one is used")
+            curve[_key(p.x)] = p.y
+        return list(out.values())
+
+    base_runs, spec_runs = runs(base, names[0]), runs(spec, names[1])
+    base_x = set().union(*(c.keys() for c in base_runs)) if base_runs else set()
+    spec_x = set().union(*(c.keys() for c in spec_runs)) if spec_runs else set()
+    common = sorted(base_x & spec_x)
+    flag = "--request-rate" if x_axis == "rate" else "--concurrency"
+    if len(common) < 2:
+        raise RecordError(
+            f"the sweeps share {len(common)} {x_axis} level(s) with {metric} ({names[0]} has "
+            f"{_xs(base_x) or 'none'}, {names[1]} has {_xs(spec_x) or 'none'}): run both with the same {flag}"
+            + (" and --slo" if metric != "throughput" else "")
+        )
+    if only := sorted(base_x ^ spec_x):
+        notes.append(f"{x_axis} levels measured in only one sweep are left out: {_xs(only)}")
+    levels: list[ModeLevel] = []
+    for x in common:
+        b = Spread.of([c[x] for c in base_runs if x in c])
+        s = Spread.of([c[x] for c in spec_runs if x in c])
+        ratio = s.mean / b.mean if b.mean > 0 else math.nan
+        rel = math.hypot(s.std / s.mean if s.mean else 0.0, b.std / b.mean if b.mean else 0.0)
+        levels.append(ModeLevel(x, b, s, ratio, ratio * rel, tuple(sorted(hists.get(x, Counter()).items()))))
+    crossover = _crossover_xy(levels, base_runs, spec_runs, x_axis, metric)
+    return ModeAnalysis(x_axis, metric, tuple(levels), crossover, len(base_runs), len(spec_runs), tuple(notes))
+
+
+def _xs(values: Iterable[float]) -> str:
+    return ",".join(f"{v:g}" for v in sorted(values))
+
+
+def _crossover_xy(
+    levels: Sequence[ModeLevel],
+    base_runs: Sequence[dict[float, float]],
+    spec_runs: Sequence[dict[float, float]],
+    x_axis: str,
+    metric: str,
+) -> Crossover:
+    xs = [lv.x for lv in levels]
+
+    def at(v: float) -> str:
+        return f"C={v:.1f}" if x_axis == "concurrency" else f"{v:.3g} req/s"
+
+    status, value, crossings = interpolate(xs, [lv.base.mean for lv in levels], [lv.spec.mean for lv in levels])
+    pair_values: list[float] = []
+    pairs = 0
+    for b in base_runs:
+        for s in spec_runs:
+            shared = [x for x in xs if x in b and x in s]
+            if len(shared) < 2:
+                continue
+            pairs += 1
+            st, v, _ = interpolate(shared, [b[x] for x in shared], [s[x] for x in shared])
+            if st == "found" and v is not None:
+                pair_values.append(v)
+    lo, hi = at(xs[0]), at(xs[-1])
+    if status == "below-range":
+        message = f"speculation has less {metric} already at the lowest level {lo}: no crossover in range"
+        if metric != "throughput":
+            message += " (or no request met the SLOs there: check the goodput counts)"
+        return Crossover(status, None, pairs=pairs, message=message)
+    if status == "above-range":
+        flag = "--request-rate" if x_axis == "rate" else "--concurrency"
+        return Crossover(
+            status,
+            None,
+            pairs=pairs,
+            message=f"speculation has more {metric} at every level up to {hi}: the crossover lies above "
+            f"{hi} (not measured); extend {flag} to find it",
+        )
+    if status != "found" or value is None:
+        return Crossover(
+            "invalid",
+            None,
+            pairs=pairs,
+            message=f"too few levels with {metric} above 0 in both sweeps to interpolate (a level where no "
+            "request met the SLOs has a goodput of 0)",
+        )
+    message = f"speculation stops paying in {metric} near {at(value)}"
+    if crossings > 1:
+        message += f" (the ratio crosses 1 {crossings} times: noisy or non-monotonic; the first crossing is used)"
+    if len(pair_values) >= 2:
+        _, std = mean_std(pair_values)
+        return Crossover(
+            status, value, min(pair_values), max(pair_values), std, pairs, pairs - len(pair_values), message
+        )
+    return Crossover(status, value, pairs=pairs, pairs_without=pairs - len(pair_values), message=message)

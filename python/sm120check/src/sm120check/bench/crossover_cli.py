@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sm120check.bench.crossover import Analysis, analyze
+from sm120check.bench.crossover import METRICS, X_AXES, Analysis, analyze, analyze_mode
 from sm120check.bench.plot import PlotUnavailable, write_png
 from sm120check.bench.policy import (
     ALL_POLICY_FILES,
@@ -48,6 +48,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("spec", type=Path, help="JSONL from `sm120check bench` against the speculative server")
     p.add_argument("--png", type=Path, help="write a plot of both curves (needs matplotlib)")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--x", choices=X_AXES, default="concurrency", help="axis: concurrency (closed loop) or request rate (open)"
+    )
+    p.add_argument(
+        "--metric", choices=METRICS, default="throughput", help="what is compared; goodput needs bench --slo"
+    )
     p.add_argument(
         "--steps", type=_steps, help="speculative steps for the policies, >= 1 (default: what the server reported)"
     )
@@ -131,6 +137,22 @@ def handle(args: argparse.Namespace) -> int:
     if problem := output_problem(args):
         print(f"sm120check crossover: {problem}", file=sys.stderr)
         return 2
+    x_axis, metric = getattr(args, "x", "concurrency"), getattr(args, "metric", "throughput")
+    if (x_axis, metric) != ("concurrency", "throughput"):
+        if args.png or args.write_policies:
+            print(
+                "sm120check crossover: --png and --write-policies come from the throughput crossover on "
+                "concurrency (the policies act on batch size); drop them or --x/--metric",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            mode = analyze_mode(read_jsonl(args.base), read_jsonl(args.spec), names, x_axis, metric)
+        except RecordError as exc:
+            print(f"sm120check crossover: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(mode.to_json(), indent=2) if args.format == "json" else mode.render_text(names))
+        return 0
     try:
         analysis = analyze(read_jsonl(args.base), read_jsonl(args.spec), names)
     except RecordError as exc:

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sm120check.bench.goodput import Goodput, GoodputError
 from sm120check.bench.stats import Dist
 
 SCHEMA = "sm120check.bench/1"
@@ -102,6 +103,10 @@ class LevelSummary:
     cached_prompt_fraction: float | None = None  # prompt tokens the server's cache served / prompt tokens
     accept_hist: tuple[tuple[float, int], ...] = ()  # (lower edge, requests): tokens per verify step, bins of 0.5
     per_request: tuple[RequestRow, ...] = ()
+    mode: str = "closed"  # "closed": C workers (runner.py); "open": arrivals at request_rate (openloop.py)
+    request_rate: float | None = None  # offered requests/s of an open-loop level; math.inf: all at once
+    burstiness: float | None = None  # gamma shape of the arrival gaps; 1: Poisson
+    goodput: Goodput | None = None  # against --slo; None without it
     meta: Mapping[str, object] = field(default_factory=dict)
 
     @property
@@ -140,6 +145,10 @@ class LevelSummary:
             cached_prompt_fraction=_round(self.cached_prompt_fraction),
             accept_hist=[[edge, n] for edge, n in self.accept_hist],
             per_request=[row.to_json() for row in self.per_request],
+            mode=self.mode,
+            request_rate=_rate_json(self.request_rate),
+            burstiness=_rate_json(self.burstiness),
+            goodput=None if self.goodput is None else self.goodput.to_json(),
         )
         out.update(self.meta)
         return out
@@ -168,6 +177,19 @@ class LevelSummary:
         known = {"schema", "label", "run_id", "concurrency", "throughput_tok_s", "window_s", "window_valid"}
         known |= {"output_tokens", "requests", "errors", "accept_length", "accept_source", "token_source"}
         known |= {"error_samples", "warnings", "flags", *_DISTS, *_OPTIONAL_FLOATS, "accept_hist", "per_request"}
+        known |= {"mode", "request_rate", "burstiness", "goodput"}
+        mode = data.get("mode", "closed")
+        if mode not in ("closed", "open"):
+            raise RecordError(f'{where}: field \'mode\' must be "closed" or "open", not {mode!r:.60}')
+        request_rate = _rate_field(data, "request_rate", where)
+        if mode == "open" and request_rate is None:
+            raise RecordError(f'{where}: an open-loop record (mode "open") lacks its request_rate')
+        goodput: Goodput | None = None
+        if data.get("goodput") is not None:
+            try:
+                goodput = Goodput.from_json(data["goodput"], where)
+            except GoodputError as exc:
+                raise RecordError(str(exc)) from None
         accept: float | None = None
         if data.get("accept_length") is not None:
             accept = _float_field(data, "accept_length", where, 0.0)
@@ -203,6 +225,10 @@ class LevelSummary:
             throughput_halves_rel_diff=_opt_float(data, "throughput_halves_rel_diff", where),
             window_lifetimes=_opt_float(data, "window_lifetimes", where),
             cached_prompt_fraction=_opt_float(data, "cached_prompt_fraction", where),
+            mode=str(mode),
+            request_rate=request_rate,
+            burstiness=_rate_field(data, "burstiness", where),
+            goodput=goodput,
             meta={k: v for k, v in data.items() if k not in known},
             **{name: Dist.from_json(data.get(name)) for name in _DISTS},
         )
@@ -226,6 +252,25 @@ def _float_field(data: Mapping[str, object], key: str, where: str, default: floa
 
 def _opt_int(data: Mapping[str, object], key: str, where: str) -> int | None:
     return None if data.get(key) is None else _int_field(data, key, where, 0)
+
+
+def _rate_json(value: float | None) -> float | str | None:
+    """inf as the string "inf": the JSONL is strict JSON."""
+    if value is None:
+        return None
+    return "inf" if math.isinf(value) else round(value, 6)
+
+
+def _rate_field(data: Mapping[str, object], key: str, where: str) -> float | None:
+    """A rate or a gamma shape: a number > 0, "inf", or absent/null."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if value == "inf":
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise RecordError(f'{where}: field {key!r} must be a number > 0 or "inf", not {value!r:.60}')
+    return float(value)
 
 
 def _opt_float(data: Mapping[str, object], key: str, where: str) -> float | None:
