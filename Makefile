@@ -8,7 +8,7 @@ INVENTORY ?= inventory/localhost.yml
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k doctor"`.
 PYTEST_ARGS ?=
 
-.PHONY: help venv provision fleet wheelhouse lab lint test test-fast test-full bench readmes clean
+.PHONY: help venv provision fleet wheelhouse lab llama-server lint test test-fast test-full bench readmes clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ wheelhouse: venv  ## collect every wheel of PROFILE (core or full) into build/wh
 
 lab:  ## install podman and build the node image for the container tests (root, idempotent)
 	scripts/lab/setup
+
+llama-server: venv  ## build llama.cpp's llama-server for the real-engine tests (cached outside the checkout)
+	$(BIN)/python tests/lab/llamacpp.py build
 
 lint: venv  ## ruff, mypy, role README tables (ansible-lint runs in the tests)
 	$(BIN)/ruff check python tests benchmarks scripts roles

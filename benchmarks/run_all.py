@@ -13,11 +13,22 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SGLANG_CLIENT_PYTHON = Path("/tmp/sglbench-venv/bin/python")
 
+
+def _llama_server_cached() -> bool:
+    probe = [sys.executable, str(HERE.parent / "tests" / "lab" / "llamacpp.py"), "path"]
+    return subprocess.run(probe, capture_output=True, timeout=60, check=False).returncode == 0
+
+
 BENCHMARKS: list[tuple[str, list[str], str | None]] = [
     ("doctor speed", ["doctor_speed.py"], None),
     ("bench client overhead at C=250 (chunks per CPU-second, client wait, server lag)", ["client_overhead.py"], None),
     ("core converge vs pip install", ["converge.py"], None if shutil.which("podman") else "podman missing: make lab"),
     ("fleet doctor at 1, 3, 6 nodes", ["fleet_doctor.py"], None if shutil.which("podman") else "podman missing"),
+    (
+        "bench and crossover against llama.cpp's llama-server, checked against the server's log",
+        ["real_engine.py"],
+        None if shutil.which("cmake") or _llama_server_cached() else "cmake missing: make lab (builds llama-server)",
+    ),
     (
         "bench client vs SGLang's client",
         ["bench_client.py", "--sglang-python", str(SGLANG_CLIENT_PYTHON)],

@@ -26,6 +26,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("podman", "runc", "catatonit", "netavark", "aardvark-dns", "iptables", "debootstrap", "zstd")
+PACKAGES += ("cmake", "ninja-build", "g++")  # build llama-server for the real-engine tests (tests/lab/llamacpp.py)
 ENGINE_DROPIN = Path("/etc/containers/containers.conf.d/sm120kit.conf")
 DEFAULT_CA_DIR = Path("/usr/local/share/ca-certificates")
 DEFAULT_CACHE = REPO_ROOT / ".cache" / "lab"
