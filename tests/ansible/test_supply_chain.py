@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from lab.loopback import serve, url
+from lab.stand_ins import nccl_stand_in_venv
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = str(Path(sys.executable).parent / "ansible-playbook")
@@ -271,6 +272,7 @@ def test_the_manifest_with_env_values_is_not_world_readable_and_not_logged(tmp_p
         **stack,
         "sm120kit_profile": "core",
         "sm120kit_env_overrides": {"HF_TOKEN": token},
+        "sm120kit_venv": str(nccl_stand_in_venv(tmp_path)),  # the manifest names NCCL's lib dir from the venv
         "sm120check_manifest_dir": str(tmp_path / "etc"),
         "ansible_python_interpreter": sys.executable,
     }

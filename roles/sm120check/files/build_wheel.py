@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
-SUFFIXES = {".py", ".typed"}
+SUFFIXES = {".py", ".typed", ".json"}  # .json: manifest.schema.json, the manifest reader needs it
 
 
 def _field(pyproject: str, key: str) -> str:

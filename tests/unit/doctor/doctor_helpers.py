@@ -85,16 +85,19 @@ def find_nvrtc_dir(tmp: Path) -> Path | None:
 
 
 def write_manifest(tmp: Path, **cuda: str) -> Path:
-    """A schema-1 manifest for the interpreter running the tests (its venv = sys.prefix), CUDA 13.0.1 pins."""
+    """A schema-2 manifest for the interpreter running the tests (its venv = sys.prefix), CUDA 13.0.1 pins."""
     import json
 
+    from sm120check import __version__
+
     data = {
-        "schema": 1,
-        "sm120kit_version": "0.1.0",
+        "schema": 2,
+        "sm120kit_version": __version__,
         "profile": "core",
-        "cuda": {"version": "13.0.1", "nvcc": "13.0.88", "nvrtc": "13.0.88", "home": "", "link": "", "lib_dir": ""}
+        "cuda": {"version": "13.0.1", "nvcc": "13.0.88", "nvrtc": "13.0.88", "home": "/opt/cuda"}
+        | {"lib_dir": "/opt/cuda/lib64"}
         | cuda,
-        "nccl": {"version": "2.30.7", "method": "wheels"},
+        "nccl": {"version": "2.30.7", "lib_dir": f"{sys.prefix}/nvidia/nccl/lib"},
         "driver_min": "580.65.06",
         "venv": sys.prefix,
         "python_packages": {},

@@ -46,7 +46,7 @@ def test_a_non_utf8_manifest_from_the_environment_fails_the_manifest_check_and_t
     tmp_path: Path,
 ) -> None:
     bad = tmp_path / "manifest.json"
-    bad.write_bytes(b'{"schema": 1, "profile": "\xff\xfe"}')
+    bad.write_bytes(b'{"schema": 2, "profile": "\xff\xfe"}')
     run = doctor(*QUICK, env={manifest.ENV_VAR: str(bad)})
     assert run.returncode == 1, run.stderr
     results = results_of(run.stdout)
@@ -84,7 +84,7 @@ def test_a_manifest_whose_venv_does_not_exist_fails_abi_wheels_and_stack_naming_
 
 def test_a_deeply_nested_manifest_is_a_clear_error_not_a_recursion_error(tmp_path: Path) -> None:
     deep = tmp_path / "manifest.json"
-    deep.write_text('{"schema": 1, "x": ' + "[" * 200_000 + "]" * 200_000 + "}", encoding="utf-8")
+    deep.write_text('{"schema": 2, "x": ' + "[" * 200_000 + "]" * 200_000 + "}", encoding="utf-8")
     run = doctor(*QUICK, "--manifest", str(deep))
     assert run.returncode == 2 and str(deep) in run.stderr and "nested deeper" in run.stderr
     assert "RecursionError" not in run.stderr and "Traceback" not in run.stderr

@@ -1,51 +1,94 @@
-"""The node's resolved stack manifest, written by the `sm120check` role.
+"""The node's resolved stack manifest, written by the `sm120check` role (schema 2).
 
-Data flows one way: inventory -> roles -> node manifest -> doctor -> report. The doctor compares what
-is installed and loaded on the node against this file.
+Data flows one way: inventory -> roles -> node manifest -> doctor -> report. Each role publishes what it resolved
+(its tasks/publish.yml), roles/sm120check/templates/manifest.json.j2 only serializes that, and the doctor compares the
+node with it: every field has exactly one check that does (docs/checks.md, "The node manifest").
+
+The contract is manifest.schema.json, shipped beside this module. The doctor runs on the standard library alone, so
+`load` validates with `validate` below, a strict reader of the subset of JSON Schema that file uses (an unknown keyword
+in the schema is an error, not ignored); the unit tests check both agree with the `jsonschema` package.
+
+Example::
+
+    {"schema": 2, "sm120kit_version": "0.1.0", "profile": "core",
+     "cuda": {"version": "13.0.1", "nvcc": "13.0.88", "nvrtc": "13.0.88", "home": "/opt/cuda",
+              "lib_dir": "/opt/cuda/lib64"},
+     "nccl": {"version": "2.30.7", "lib_dir": "/opt/sm120kit/venv/lib/python3.12/site-packages/nvidia/nccl/lib"},
+     "driver_min": "580.65.06",
+     "venv": "/opt/sm120kit/venv",
+     "python_packages": {"nvidia-ml-py": "13.580.82"},
+     "env": {"CUDA_HOME": "/opt/cuda", ...}}
 """
 
 from __future__ import annotations
 
+import enum
+import functools
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
-from typing import Any
 
 DEFAULT_PATH = Path("/etc/sm120kit/manifest.json")
 ENV_VAR = "SM120KIT_MANIFEST"
+SCHEMA = 2
+SCHEMA_FILE = "manifest.schema.json"
+REWRITE = "ansible-playbook site.yml --tags sm120check"
+
+
+class ErrorKind(enum.Enum):
+    """Why a manifest could not be used: the doctor's `manifest` check warns on MISSING and fails on the rest."""
+
+    MISSING = "missing"  # no file at the path
+    UNREADABLE = "unreadable"  # permissions, I/O, too large, not UTF-8
+    INVALID = "invalid"  # not JSON, or a field breaks the schema
+    SCHEMA = "schema"  # another schema version (an older or newer sm120kit wrote it)
 
 
 class ManifestError(Exception):
-    """The manifest is missing or cannot be read; the message names the file and the fix."""
+    """The manifest is missing or cannot be used; the message names the file and the fix, `kind` says which."""
+
+    def __init__(self, message: str, kind: ErrorKind) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class CudaPins:
+    """The toolkit the cuda_toolkit role installed."""
+
+    version: str  # the toolkit release (13.0.1): the toolkit check compares nvcc's release
+    nvcc: str  # nvidia-cuda-nvcc: the toolkit check compares `nvcc --version`
+    nvrtc: str  # nvidia-cuda-nvrtc: the nvrtc check compares nvrtcVersion()
+    home: str  # the stable CUDA_HOME: the toolkit check compares the resolved CUDA_HOME
+    lib_dir: str  # where libnvrtc.so.13 lives: the nvrtc check compares the file the loader opens
+
+
+@dataclass(frozen=True)
+class NcclPins:
+    """The NCCL the nccl role installed."""
+
+    version: str  # the torch check compares torch.cuda.nccl.version()
+    lib_dir: str  # the abi_libs check compares where a torch process maps libnccl from
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """Typed view of /etc/sm120kit/manifest.json (schema version 1).
-
-    Example (abridged)::
-
-        {"schema": 1, "sm120kit_version": "0.1.0", "profile": "core",
-         "cuda": {"version": "13.0.1", "nvcc": "13.0.88", "nvrtc": "13.0.88", "home": "/opt/cuda-13.0.1",
-                  "link": "/opt/cuda", "lib_dir": "/opt/cuda-13.0.1/lib"},
-         "nccl": {"version": "2.30.7", "method": "wheels", "lib_dir": "..."},
-         "driver_min": "580.65.06",
-         "venv": "/opt/sm120kit/venv",
-         "python_packages": {"nvidia-ml-py": "13.580.82"},
-         "env": {"CUDA_HOME": "/opt/cuda", ...}}
-    """
+    """Typed view of /etc/sm120kit/manifest.json (schema 2, manifest.schema.json)."""
 
     path: Path
     profile: str
-    cuda: Mapping[str, str]
-    nccl: Mapping[str, str]
+    cuda: CudaPins
+    nccl: NcclPins
     driver_min: str
     venv: str
     python_packages: Mapping[str, str]
     env: Mapping[str, str]
-    raw: Mapping[str, Any] = field(repr=False)
+    raw: Mapping[str, object] = field(default_factory=dict, repr=False)  # the parsed JSON, as read
+    sm120kit_version: str = ""
 
 
 MAX_BYTES = 4 << 20  # a manifest is a few KiB
@@ -82,61 +125,194 @@ def _depth(text: str) -> int:
     return deepest
 
 
-def _field(raw: Mapping[str, Any], name: str, kind: type, default: object = None) -> Any:
-    """raw[name] as `kind` (str or dict); a ValueError naming the field otherwise."""
-    if name not in raw:
-        if default is not None:
-            return default
-        raise ValueError(f"has no `{name}` field")
+# --- the strict reader of manifest.schema.json ---------------------------------------------------------------------
+
+_ANNOTATIONS = frozenset({"$schema", "$id", "$comment", "title", "description", "$defs"})
+_KEYWORDS = _ANNOTATIONS | {
+    "$ref",
+    "type",
+    "const",
+    "properties",
+    "required",
+    "additionalProperties",
+    "propertyNames",
+    "pattern",
+    "minLength",
+    "maxLength",
+    "maxProperties",
+}
+_TYPES: Mapping[str, tuple[type, ...]] = {"object": (dict,), "string": (str,), "integer": (int,)}
+_QUIET = ("env",)  # values that may be tokens: never echoed in an error
+
+
+class SchemaViolation(ValueError):
+    """A value breaks manifest.schema.json; the message names the field (`cuda.lib_dir`) and what it must be."""
+
+
+@functools.cache
+def schema() -> Mapping[str, object]:
+    """manifest.schema.json as shipped in this package."""
+    loaded: dict[str, object] = json.loads(resources.files(__package__).joinpath(SCHEMA_FILE).read_text("utf-8"))
+    return loaded
+
+
+@functools.cache
+def _regex(pattern: str) -> re.Pattern[str]:
+    # JSON Schema patterns are ECMA-262: a final `$` is the end of the string, where Python's also matches before a
+    # final newline ("13.0.1\n" would pass).
+    return re.compile(pattern[:-1] + r"\Z" if pattern.endswith("$") and not pattern.endswith("\\$") else pattern)
+
+
+def _node(root: Mapping[str, object], node: object) -> Mapping[str, object]:
+    """A schema node, its local $ref followed; an unknown keyword is an error (this reader would silently skip it)."""
+    if not isinstance(node, dict):
+        raise RuntimeError(f"{SCHEMA_FILE}: a schema node is not an object: {node!r}")
+    unknown = sorted(set(node) - _KEYWORDS)
+    if unknown:
+        raise RuntimeError(f"{SCHEMA_FILE} uses {unknown}, which sm120check.manifest.validate does not implement")
+    ref = node.get("$ref")
+    if ref is None:
+        return node
+    if not (isinstance(ref, str) and ref.startswith("#/$defs/")) or len(node) > 1:
+        raise RuntimeError(f"{SCHEMA_FILE}: only a bare local $ref (#/$defs/NAME) is supported, not {node!r}")
+    defs = root.get("$defs")
+    target = defs.get(ref.removeprefix("#/$defs/")) if isinstance(defs, dict) else None
+    if target is None:
+        raise RuntimeError(f"{SCHEMA_FILE}: {ref} is not defined")
+    return _node(root, target)
+
+
+def _shown(where: str, value: object) -> str:
+    if where.split(".", 1)[0] in _QUIET and where not in _QUIET:  # an env value: its kind, never its text
+        kinds = {str: "a string", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
+        return f"{kinds.get(type(value), 'a JSON value')} of {len(json.dumps(value))} characters"
+    text = json.dumps(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def _check(root: Mapping[str, object], raw_node: object, value: object, where: str) -> None:
+    node = _node(root, raw_node)
+    what = str(node.get("description", "valid"))
+    kind = node.get("type")
+    if kind is not None:
+        types = _TYPES[str(kind)]
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise SchemaViolation(f"field `{where}` must be {what}, not {_shown(where, value)}")
+    if "const" in node and not (value == node["const"] and type(value) is type(node["const"])):
+        raise SchemaViolation(f"field `{where}` must be {what}, not {_shown(where, value)}")
+    if isinstance(value, str):
+        min_length, max_length = node.get("minLength"), node.get("maxLength")
+        if isinstance(max_length, int) and len(value) > max_length:
+            raise SchemaViolation(f"field `{where}` must be {what}, not a string of {len(value)} characters")
+        if isinstance(min_length, int) and len(value) < min_length:
+            raise SchemaViolation(f"field `{where}` must be {what}, not {_shown(where, value)}")
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and not _regex(pattern).search(value):
+            raise SchemaViolation(f"field `{where}` must be {what}, not {_shown(where, value)}")
+    if isinstance(value, dict):
+        _check_object(root, node, value, where)
+
+
+def _check_object(root: Mapping[str, object], node: Mapping[str, object], value: dict[str, object], where: str) -> None:
+    prefix = f"{where}." if where else ""
+    most = node.get("maxProperties")
+    if isinstance(most, int) and len(value) > most:
+        raise SchemaViolation(f"field `{where}` has {len(value)} entries, more than {most}")
+    required = node.get("required", [])
+    for name in required if isinstance(required, list) else []:
+        if name not in value:
+            raise SchemaViolation(f"has no `{prefix}{name}` field")
+    names = node.get("propertyNames")
+    properties = node.get("properties", {})
+    extra = node.get("additionalProperties", True)
+    for key, item in value.items():
+        if names is not None:
+            name_node = _node(root, names)
+            try:
+                _check(root, name_node, key, "")
+            except SchemaViolation:
+                shown = json.dumps(key) if len(key) <= 80 else f"a key of {len(key)} characters"
+                raise SchemaViolation(
+                    f"field `{where}` has the key {shown}, not {name_node.get('description', 'a valid key')}"
+                ) from None
+        if isinstance(properties, dict) and key in properties:
+            _check(root, properties[key], item, prefix + key)
+        elif extra is False:
+            shown = json.dumps(key) if len(key) <= 80 else f"of {len(key)} characters"
+            raise SchemaViolation(f"has an unknown field {shown} in `{where or '(top level)'}` (schema {SCHEMA})")
+        elif isinstance(extra, dict):
+            _check(root, extra, item, prefix + key)
+
+
+def validate(raw: object) -> None:
+    """Raise SchemaViolation naming the first field of `raw` that breaks manifest.schema.json."""
+    root = schema()
+    _check(root, root, raw, "")
+
+
+def _obj(raw: Mapping[str, object], name: str) -> dict[str, object]:
     value = raw[name]
-    if kind is dict:
-        if not isinstance(value, dict):
-            raise ValueError(f"field `{name}` must be a JSON object, not {json.dumps(value)[:80]}")
-        return dict(value)
-    if isinstance(value, (dict, list)) or value is None:
-        raise ValueError(f"field `{name}` must be a string, not {json.dumps(value)[:80]}")
-    return str(value)
+    assert isinstance(value, dict)  # validate() checked it
+    return value
+
+
+def _strs(raw: Mapping[str, object], name: str) -> dict[str, str]:
+    return {k: str(v) for k, v in _obj(raw, name).items()}
 
 
 def load(path: Path | None = None) -> Manifest:
-    """Read and validate the manifest; raise ManifestError with a remedy on any problem."""
+    """Read the manifest, check it against the schema; raise ManifestError (its kind and the fix) if unusable."""
     path = path or manifest_path()
-    fix = "rerun the sm120check role to rewrite it"
+    fix = f"rerun the sm120check role (`{REWRITE}`) to rewrite it"
     try:
         with path.open("rb") as handle:
             data = handle.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise ManifestError(
-            f"{path} does not exist; run `ansible-playbook site.yml --tags sm120check` to write it "
-            f"(or point {ENV_VAR} at a manifest)"
+            f"{path} does not exist; run `{REWRITE}` to write it (or point {ENV_VAR} at a manifest)",
+            ErrorKind.MISSING,
         ) from None
     except OSError as exc:
-        raise ManifestError(f"{path} cannot be read: {exc.strerror or exc}; {fix}") from None
+        raise ManifestError(f"{path} cannot be read: {exc.strerror or exc}; {fix}", ErrorKind.UNREADABLE) from None
     if len(data) > MAX_BYTES:
-        raise ManifestError(f"{path} is larger than {MAX_BYTES >> 20} MiB, not a manifest; {fix}")
+        raise ManifestError(f"{path} is larger than {MAX_BYTES >> 20} MiB, not a manifest; {fix}", ErrorKind.UNREADABLE)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ManifestError(f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); {fix}") from None
+        raise ManifestError(
+            f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); {fix}", ErrorKind.UNREADABLE
+        ) from None
     if _depth(text) > MAX_DEPTH:
-        raise ManifestError(f"{path} is nested deeper than {MAX_DEPTH} levels, not a manifest; {fix}")
+        raise ManifestError(
+            f"{path} is nested deeper than {MAX_DEPTH} levels, not a manifest; {fix}", ErrorKind.INVALID
+        )
     try:
         raw = json.loads(text)
     except (json.JSONDecodeError, RecursionError, ValueError) as exc:
-        raise ManifestError(f"{path} is not valid JSON ({exc}); {fix}") from None
-    if not isinstance(raw, dict) or raw.get("schema") != 1:
-        raise ManifestError(f"{path} is not a schema 1 sm120kit manifest; rerun the sm120check role")
-    try:
-        return Manifest(
-            path=path,
-            profile=_field(raw, "profile", str),
-            cuda=_field(raw, "cuda", dict),
-            nccl=_field(raw, "nccl", dict),
-            driver_min=_field(raw, "driver_min", str),
-            venv=_field(raw, "venv", str),
-            python_packages=_field(raw, "python_packages", dict, {}),
-            env=_field(raw, "env", dict, {}),
-            raw=raw,
+        raise ManifestError(f"{path} is not valid JSON ({exc}); {fix}", ErrorKind.INVALID) from None
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{path} is not a JSON object, not an sm120kit manifest; {fix}", ErrorKind.INVALID)
+    version = raw.get("schema")
+    if version != SCHEMA or isinstance(version, bool):
+        raise ManifestError(
+            f"{path} is a schema {_shown('schema', version)} manifest; this sm120check reads schema {SCHEMA} only; "
+            f"{fix} (the role installs the matching checker too)",
+            ErrorKind.SCHEMA,
         )
-    except ValueError as exc:
-        raise ManifestError(f"{path} {exc}; rerun the sm120check role") from None
+    try:
+        validate(raw)
+    except SchemaViolation as exc:
+        raise ManifestError(f"{path} {exc}; {fix}", ErrorKind.INVALID) from None
+    cuda, nccl = _strs(raw, "cuda"), _strs(raw, "nccl")
+    return Manifest(
+        path=path,
+        profile=str(raw["profile"]),
+        cuda=CudaPins(cuda["version"], cuda["nvcc"], cuda["nvrtc"], cuda["home"], cuda["lib_dir"]),
+        nccl=NcclPins(nccl["version"], nccl["lib_dir"]),
+        driver_min=str(raw["driver_min"]),
+        venv=str(raw["venv"]),
+        python_packages=_strs(raw, "python_packages"),
+        env=_strs(raw, "env"),
+        raw=raw,
+        sm120kit_version=str(raw["sm120kit_version"]),
+    )

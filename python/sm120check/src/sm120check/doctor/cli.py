@@ -113,7 +113,7 @@ def build_context(args: argparse.Namespace) -> Context:
     except manifest.ManifestError as exc:
         if path is not None:
             raise ValueError(f"--manifest: {exc}") from None
-        ctx.manifest_error = str(exc)
+        ctx.manifest_error, ctx.manifest_error_kind = str(exc), exc.kind
     return ctx
 
 

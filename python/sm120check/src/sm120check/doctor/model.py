@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from sm120check.manifest import Manifest
+    from sm120check.manifest import ErrorKind, Manifest
 
 
 class Status(str, enum.Enum):
@@ -69,6 +69,7 @@ class Context:
 
     manifest: Manifest | None = None
     manifest_error: str = ""
+    manifest_error_kind: ErrorKind | None = None  # why the manifest is unusable (None: it was read, or never asked)
     timeout: float = 120.0  # hard limit for each GPU child process, in seconds
     jit_timeout: float | None = None  # limit for a child that must JIT-compile first (None: check's default)
     gpus: tuple[int, ...] | None = None  # restrict multi-GPU checks to these indices

@@ -184,10 +184,9 @@ class AbiLibsCheck:
         maps = ctx.results["torch"].data.get("maps", {})
         mapped = {str(k): [str(p) for p in v] for k, v in maps.items()} if isinstance(maps, dict) else {}
         m = ctx.manifest
-        want = {}
-        if m is not None:
-            want = {"libnvrtc": m.cuda.get("lib_dir", ""), "libnccl": m.nccl.get("lib_dir", "")}
-        return libs_verdict(mapped, loader.ldconfig_cache(), {k: v for k, v in want.items() if v})
+        # nccl.lib_dir only: cuda.lib_dir (libnvrtc's directory) is the nvrtc check's to compare.
+        want = {"libnccl": m.nccl.lib_dir} if m is not None else {}
+        return libs_verdict(mapped, loader.ldconfig_cache(), want)
 
 
 CHECKS = (AbiWheelsCheck, AbiLibsCheck)

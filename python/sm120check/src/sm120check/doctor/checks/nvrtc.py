@@ -116,8 +116,8 @@ class NvrtcCheck:
     def run(self, ctx: Context) -> Result:
         copies = wheel_copies(stackenv.site_packages(stackenv.prefix(ctx)))
         m = ctx.manifest
-        want_dir = m.cuda.get("lib_dir", "") if m else ""
-        want_version = m.cuda.get("nvrtc", "") if m else ""
+        want_dir = m.cuda.lib_dir if m else ""
+        want_version = m.cuda.nvrtc if m else ""
         answer = nvrtc_api.probe(min(ctx.timeout, NVRTC_TIMEOUT))
         if answer.problem:
             return nvrtc_probe_verdict(self.id, answer.problem, answer.step, answer.stderr_tail, copies)

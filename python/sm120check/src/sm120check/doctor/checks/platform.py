@@ -98,7 +98,7 @@ class ManifestCheck:
     def run(self, ctx: Context) -> Result:
         m = ctx.manifest
         if m is None:
-            missing = "does not exist" in ctx.manifest_error or not ctx.manifest_error
+            missing = ctx.manifest_error_kind in (None, manifest.ErrorKind.MISSING)
             return Result(
                 self.id,
                 Status.WARN if missing else Status.FAIL,
@@ -107,15 +107,16 @@ class ManifestCheck:
                 else "the node manifest cannot be used",
                 details=ctx.manifest_error or f"{manifest.manifest_path()} not found",
                 remedy=f"{remedies.SM120CHECK} (writes {manifest.DEFAULT_PATH}), or pass --manifest PATH",
+                data={"error": ctx.manifest_error_kind.value} if ctx.manifest_error_kind else {},
             )
-        data = {"path": str(m.path), "profile": m.profile, "cuda": m.cuda.get("version", ""), "venv": m.venv}
-        summary = f"{m.path}: profile {m.profile}, CUDA {m.cuda.get('version', '?')}, venv {m.venv}"
-        written_by = str(m.raw.get("sm120kit_version", ""))
-        if written_by and written_by != __version__:
+        data = {"path": str(m.path), "profile": m.profile, "venv": m.venv}
+        summary = f"{m.path}: profile {m.profile}, venv {m.venv}"
+        # sm120kit_version: the checker installed with this manifest is the one reading it.
+        if m.sm120kit_version != __version__:
             return Result(
                 self.id,
                 Status.WARN,
-                f"{summary}; written by sm120kit {written_by}, doctor is {__version__}",
+                f"{summary}; written by sm120kit {m.sm120kit_version}, doctor is {__version__}",
                 remedy=f"{remedies.SM120CHECK} to install the matching checker and rewrite the manifest",
                 data=data,
             )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check.doctor import child, remedies
+from sm120check.doctor import child, remedies, versions
 from sm120check.doctor.model import Context, Result, Status
 
 _NVCC_VERSION = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")
@@ -59,9 +59,17 @@ def _run(cmd: list[str], timeout: float = NVCC_QUERY_TIMEOUT) -> tuple[int, str]
 
 
 def toolkit_verdict(
-    home: CudaHome, version_out: tuple[int, str] | None, gpu_codes: str, want_nvcc: str, want_home: str
+    home: CudaHome,
+    version_out: tuple[int, str] | None,
+    gpu_codes: str,
+    want_nvcc: str,
+    want_home: str,
+    want_version: str = "",
 ) -> Result:
-    """Verdict from the resolved home, `nvcc --version` (rc, text) and `nvcc --list-gpu-code` output."""
+    """Verdict from the resolved home, `nvcc --version` (rc, text) and `nvcc --list-gpu-code` output.
+
+    The wants are the manifest's cuda.nvcc, cuda.home and cuda.version ("" when there is no manifest).
+    """
     data: dict[str, object] = {"cuda_home": home.path, "source": home.source}
     if not home.path:
         return Result(
@@ -99,6 +107,14 @@ def toolkit_verdict(
             f"nvcc is CUDA {release}, not 13: {summary}",
             details="FlashInfer reads the CUDA version from $CUDA_HOME/bin/nvcc and a cu130 torch needs CUDA 13",
             remedy=FIX,
+            data=data,
+        )
+    if want_version and not versions.same_release(release, want_version):
+        return Result(
+            "toolkit",
+            Status.FAIL,
+            f"nvcc is CUDA {release} but the manifest's toolkit is CUDA {want_version}: {summary}",
+            remedy=f"{FIX} (cuda_toolkit_version)",
             data=data,
         )
     if want_nvcc and full != want_nvcc:
@@ -149,9 +165,9 @@ class ToolkitCheck:
             if version_out[0] == 0:  # a hung or broken nvcc fails the check on its own: not asked twice
                 codes = _run([nvcc, "--list-gpu-code"], timeout=deadline - time.monotonic())
         m = ctx.manifest
-        want_nvcc = m.cuda.get("nvcc", "") if m else ""
-        want_home = (m.cuda.get("link") or m.cuda.get("home", "")) if m else ""
-        return toolkit_verdict(home, version_out, codes[1] if codes and codes[0] == 0 else "", want_nvcc, want_home)
+        want_nvcc, want_home, want_version = (m.cuda.nvcc, m.cuda.home, m.cuda.version) if m else ("", "", "")
+        gpu_codes = codes[1] if codes and codes[0] == 0 else ""
+        return toolkit_verdict(home, version_out, gpu_codes, want_nvcc, want_home, want_version)
 
 
 _PROBE_SOURCE = 'extern "C" __global__ void sm120kit_probe(unsigned *out) { out[threadIdx.x] = threadIdx.x * 3u; }\n'

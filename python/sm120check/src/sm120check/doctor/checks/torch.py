@@ -9,12 +9,17 @@ from sm120check.doctor import child, remedies, stackenv, versions
 from sm120check.doctor.model import Context, Result, Status
 
 PROBE = "sm120check.doctor.probes.torch_info"
-NCCL_MIN = "2.26.2"  # older NCCL fails on SM120 ("ncclMaxSharedMem ... exceeds")
+NCCL_MIN = "2.26.2"  # older NCCL fails on SM120 ("ncclMaxSharedMem ... exceeds"): the floor without a manifest
+TORCH_PROFILE = "full"  # the shipped profile that installs torch (a manifest `profile` the torch check compares)
 FIX = f"{remedies.PYTHON_STACK} (sm120kit_profiles: torch pinned to a CUDA 13 build, >= 2.11)"
 
 
-def torch_verdict(info: Mapping[str, object], toolkit_release: str, gpus_expected: bool) -> Result:
-    """Verdict from the probe's report, CUDA_HOME's nvcc release ("" if unknown) and whether the driver shows GPUs."""
+def torch_verdict(info: Mapping[str, object], toolkit_release: str, gpus_expected: bool, want_nccl: str = "") -> Result:
+    """Verdict from the probe's report, CUDA_HOME's nvcc release ("" if unknown) and whether the driver shows GPUs.
+
+    `want_nccl` is the manifest's nccl.version: torch must load exactly that NCCL (the one the nccl role installed);
+    without a manifest, the SM120 floor NCCL_MIN applies.
+    """
     if info.get("import_error"):
         return Result(
             "torch",
@@ -40,7 +45,9 @@ def torch_verdict(info: Mapping[str, object], toolkit_release: str, gpus_expecte
         problems.append(f"built for CUDA {cuda}, not 13")
     if cuda and not {"sm_120", "compute_120"} & set(arch_list):
         problems.append(f"no sm_120 or compute_120 in its arch list ({' '.join(arch_list)})")
-    if nccl and not versions.at_least(nccl, NCCL_MIN):
+    if nccl and want_nccl and versions.parse(nccl) != versions.parse(want_nccl):
+        problems.append(f"loads NCCL {nccl}, the manifest's nccl.version is {want_nccl}")
+    elif nccl and not want_nccl and not versions.at_least(nccl, NCCL_MIN):
         problems.append(f"NCCL {nccl} < {NCCL_MIN} (fails on SM120)")
     if problems:
         return Result("torch", Status.FAIL, f"{summary}: {'; '.join(problems)}", remedy=FIX, data=data)
@@ -68,8 +75,25 @@ def torch_verdict(info: Mapping[str, object], toolkit_release: str, gpus_expecte
     return Result("torch", Status.PASS, f"{summary}, sm_120 in arch list, {where}", data=data)
 
 
+def missing_torch_verdict(venv: str, profile: str) -> Result:
+    """No torch in the stack venv: a FAIL when the manifest's profile is the one that installs it, else a SKIP."""
+    if profile == TORCH_PROFILE:
+        return Result(
+            "torch",
+            Status.FAIL,
+            f"torch is not installed in {venv}, but the manifest's profile is {profile}, which installs it",
+            remedy=FIX,
+        )
+    return Result(
+        "torch",
+        Status.SKIP,
+        f"torch is not installed in {venv} (profile {profile or 'unknown: no manifest'})",
+        remedy=f"the full profile installs it: {remedies.PYTHON_STACK} -e sm120kit_profile=full",
+    )
+
+
 class TorchCheck:
-    """torch is a CUDA 13 build with sm_120 kernels, NCCL >= 2.26.2, CUDA usable, agreeing with CUDA_HOME's nvcc."""
+    """torch is a CUDA 13 build with sm_120 kernels, loads the manifest's NCCL, CUDA usable, agrees with CUDA_HOME."""
 
     id: ClassVar[str] = "torch"
     family: ClassVar[str] = "torch"
@@ -79,13 +103,9 @@ class TorchCheck:
 
     def run(self, ctx: Context) -> Result:
         venv = stackenv.prefix(ctx)
+        m = ctx.manifest
         if "torch" not in stackenv.installed(venv):
-            return Result(
-                self.id,
-                Status.SKIP,
-                f"torch is not installed in {venv}",
-                remedy=f"the full profile installs it: {remedies.PYTHON_STACK} -e sm120kit_profile=full",
-            )
+            return missing_torch_verdict(str(venv), m.profile if m else "")
         outcome = child.run_probe(
             PROBE, timeout=ctx.timeout, python=str(stackenv.python(ctx)), env=stackenv.probe_env()
         )
@@ -101,7 +121,7 @@ class TorchCheck:
         release = str(toolkit.data.get("release", "")) if toolkit else ""
         driver = ctx.results.get("driver")
         gpus = driver is not None and driver.status in (Status.PASS, Status.WARN) and bool(driver.data.get("gpu_count"))
-        return torch_verdict(outcome.data, release, gpus)
+        return torch_verdict(outcome.data, release, gpus, m.nccl.version if m else "")
 
 
 CHECKS = (TorchCheck,)
