@@ -45,3 +45,14 @@ def test_unknown_key_field_to_ignore_is_a_usage_error(tmp_path: Path, capsys: py
 def test_key_without_flashinfer_says_which_python_to_use(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["key", "--arch-list", "12.0f"]) == 2
     assert "run with the stack venv's python" in capsys.readouterr().err
+
+
+def test_default_modules_are_what_this_flashinfer_serves_for_the_key() -> None:
+    # The role passes no --modules by default: the registry decides, per FlashInfer release and target.
+    from dataclasses import replace
+
+    from sm120check.jitcache.cli import default_modules
+
+    assert default_modules(KEY) == ["trtllm_comm", "pcie_ipc_comm"]
+    assert default_modules(replace(KEY, flashinfer="0.6.17", arch="120f")) == ["trtllm_comm"]
+    assert default_modules(replace(KEY, flashinfer="0.6.10", arch="120f")) == []

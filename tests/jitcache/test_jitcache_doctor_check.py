@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from jitcache_helpers import built_module, module_dir, ninja
 
+from sm120check.doctor.checks import flashinfer_jit as flashinfer_jit_check
 from sm120check.doctor.checks.flashinfer_jit import FlashinferJitCheck, judge, module_rows, serving_env
 from sm120check.doctor.model import Context, Status
 from sm120check.manifest import Manifest
@@ -26,7 +28,8 @@ def test_module_cached_for_this_key_passes(tmp_path: Path) -> None:
 def test_missing_allreduce_fusion_module_warns_how_long_the_first_start_blocks(tmp_path: Path) -> None:
     result = judge(module_rows(tmp_path, "0.7.2", "120f", ["trtllm_comm"], ninja()), "here")
     assert result.status is Status.WARN
-    assert "trtllm_comm not cached" in result.summary and "260-460 s" in result.summary
+    # trtllm_comm alone: 260-340 s measured (jitcache.cost); the old 260-460 s took its upper bound from the pair
+    assert "trtllm_comm not cached" in result.summary and "260-340 s" in result.summary
     assert result.remedy.startswith("ansible-playbook site.yml --tags flashinfer_jit ")
 
 
@@ -64,3 +67,10 @@ def test_a_prebuilt_aot_module_counts_as_cached_without_ninja(tmp_path: Path) ->
     result = judge(module_rows(tmp_path / "cache", "0.7.2", "90a", ["trtllm_comm"], None, [aot]), "here")
     assert result.status is Status.PASS
     assert "prebuilt (AOT)" in result.data["modules"][0]["why"]
+
+
+def test_a_release_without_sm120_kernels_has_nothing_to_warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # FlashInfer 0.6.10 builds allreduce fusion for majors 9 and 10 only, and has no pcie_ipc_comm.
+    monkeypatch.setattr(flashinfer_jit_check, "flashinfer_version", lambda ctx: "0.6.10")
+    result = FlashinferJitCheck().run(Context(manifest=_manifest(tmp_path, {"FLASHINFER_CUDA_ARCH_LIST": "12.0f"})))
+    assert result.status is Status.SKIP and "no serving JIT module for target 120f" in result.summary

@@ -17,15 +17,17 @@ def _env(root: Path) -> dict[str, str]:
     return {"FLASHINFER_WORKSPACE_BASE": str(root), "PATH": os.environ["PATH"]}
 
 
-def _module(root: Path, sources: Path, run_in_parent: bool = False) -> Path:
+def _module(
+    root: Path, sources: Path, run_in_parent: bool = False, name: str = "trtllm_comm", version: str = "0.7.2"
+) -> Path:
     sources.mkdir(parents=True, exist_ok=True)
-    (sources / "trtllm_comm.cu").write_text("__global__ void k() {}\n")
-    (sources / "trtllm_comm.cuh").write_text("#pragma once\n")
-    directory = root / ".cache" / "flashinfer" / "0.7.2" / "90a" / "cached_ops" / "trtllm_comm"
+    (sources / f"{name}.cu").write_text("__global__ void k() {}\n")
+    (sources / f"{name}.cuh").write_text("#pragma once\n")
+    directory = root / ".cache" / "flashinfer" / version / "90a" / "cached_ops" / name
     directory.mkdir(parents=True)
-    text = BUILD_NINJA.replace("demo", "trtllm_comm")
+    text = BUILD_NINJA.replace("demo", name)
     build = directory / "build.ninja"
-    build.write_text(text.format(dir=directory, src=sources / "trtllm_comm.cu", header=sources / "trtllm_comm.cuh"))
+    build.write_text(text.format(dir=directory, src=sources / f"{name}.cu", header=sources / f"{name}.cuh"))
     workdir = directory.parent if run_in_parent else directory
     subprocess.run([ninja(), "-C", str(workdir), "-f", str(build)], check=True, capture_output=True)
     return directory
@@ -33,14 +35,20 @@ def _module(root: Path, sources: Path, run_in_parent: bool = False) -> Path:
 
 def test_module_current_for_ninja_is_predicted_cached(tmp_path: Path) -> None:
     _module(tmp_path / "ws", tmp_path / "src")
+    _module(tmp_path / "ws", tmp_path / "src", name="pcie_ipc_comm")  # the probe builds both on 0.7.2
     assert predicted_cached("0.7.2", CAPS, _env(tmp_path / "ws"))
 
 
-def test_module_built_by_the_combined_prebuild_is_predicted_cold(tmp_path: Path) -> None:
-    # The library exists, but ninja's log is one directory up: FlashInfer's first load recompiles it.
-    directory = _module(tmp_path / "ws", tmp_path / "src", run_in_parent=True)
-    assert (directory / "trtllm_comm.so").exists()
+def test_a_cold_pcie_ipc_module_beside_a_warm_trtllm_comm_is_predicted_cold(tmp_path: Path) -> None:
+    # The probe compiles pcie_ipc_comm (70-140 s) too: the short timeout would cut it off.
+    _module(tmp_path / "ws", tmp_path / "src")
     assert not predicted_cached("0.7.2", CAPS, _env(tmp_path / "ws"))
+
+
+def test_before_0_7_only_trtllm_comm_is_needed(tmp_path: Path) -> None:
+    # FlashInfer 0.6.x has no pcie_ipc_comm: a warm trtllm_comm is all the probe loads.
+    _module(tmp_path / "ws", tmp_path / "src", version="0.6.17")
+    assert predicted_cached("0.6.17", CAPS, _env(tmp_path / "ws"))
 
 
 def test_missing_module_is_predicted_cold(tmp_path: Path) -> None:

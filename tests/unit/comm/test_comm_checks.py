@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sm120check.comm.flashinfer_release import fusion_gate
+from sm120check.doctor import remedies
 from sm120check.doctor.checks import comm
 from sm120check.doctor.child import ChildOutcome
 from sm120check.doctor.model import Context, Result, Status
@@ -167,7 +168,7 @@ def fusion_data(cached: bool, err: float = 3e-6) -> dict[str, Any]:
 def test_fusion_compiled_cold_warns_with_the_warming_command() -> None:
     result = comm.judge_fusion(fusion_data(cached=False), fusion_gate("0.7.2", ["9.0"], multicast=False), 900)
     assert result.status is Status.WARN
-    assert "trtllm_comm 290 s" in result.summary and comm.WARM_COMMAND in result.remedy
+    assert "trtllm_comm 290 s" in result.summary and remedies.FLASHINFER_JIT in result.remedy
 
 
 def test_fusion_from_cache_passes_with_fused_beside_unfused() -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sm120check.comm import flashinfer_jit, flashinfer_release
+from sm120check.comm import flashinfer_release
+from sm120check.jitcache import layout
 
 
 @pytest.mark.parametrize(
@@ -65,19 +66,19 @@ def test_a_version_that_is_not_one_is_named() -> None:
     ],
 )
 def test_jit_targets_follow_flashinfer_rules(caps: list[str], arch_list: str | None, targets: tuple[str, ...]) -> None:
-    assert flashinfer_jit.jit_targets(caps, arch_list) == targets
+    assert layout.jit_targets(caps, arch_list) == targets
 
 
 def test_cache_path_honours_flashinfer_workspace_base(tmp_path: Path) -> None:
-    root = flashinfer_jit.cache_root({"FLASHINFER_WORKSPACE_BASE": str(tmp_path)})
-    library = flashinfer_jit.module_library(root, "0.7.2", ("90a",), "trtllm_comm")
+    root = layout.cache_root({"FLASHINFER_WORKSPACE_BASE": str(tmp_path)})
+    library = layout.module_library(root, "0.7.2", layout.arch_dir(("90a",)), "trtllm_comm")
     assert library == tmp_path / ".cache/flashinfer/0.7.2/90a/cached_ops/trtllm_comm/trtllm_comm.so"
 
 
 def test_cache_defaults_to_home(tmp_path: Path) -> None:
-    assert flashinfer_jit.cache_root({}, home=tmp_path) == tmp_path / ".cache" / "flashinfer"
+    assert layout.cache_root({}, home=tmp_path) == tmp_path / ".cache" / "flashinfer"
 
 
 def test_bad_arch_list_names_the_variable() -> None:
     with pytest.raises(ValueError, match="FLASHINFER_CUDA_ARCH_LIST"):
-        flashinfer_jit.jit_targets([], "sm_120")
+        layout.jit_targets([], "sm_120")

@@ -19,3 +19,9 @@ DRIVER = (
     "install an NVIDIA driver >= the manifest's driver_min with the open kernel modules "
     "(for example `apt install nvidia-open-580`), reboot; the preflight role checks it: " + PREFLIGHT
 )
+# Every message about a cold FlashInfer JIT cache (flashinfer_jit and allreduce_fusion checks) gives this one.
+FLASHINFER_JIT = tags(
+    "flashinfer_jit",
+    "(builds once per cache key and copies the cache to every node of that key; one node without Ansible: "
+    "the stack venv's python -m sm120check.jitcache build)",
+)

@@ -38,7 +38,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, TypeGuard
 
+from sm120check.jitcache import layout
 from sm120check.jitcache.key import BuildContext, CacheKey, KeyProblem
+from sm120check.jitcache.layout import module_dir
 
 SCHEMA = 1
 KIND = "sm120kit-flashinfer-jit"
@@ -124,13 +126,9 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def module_dir(cache_root: Path, version: str, arch: str, module: str) -> Path:
-    return cache_root / version / arch / "cached_ops" / module
-
-
 def module_relpath(key: CacheKey, module: str) -> PurePosixPath:
     """The only directory a module of `key` may occupy, relative to the cache root."""
-    return PurePosixPath(key.flashinfer, key.arch, "cached_ops", module)
+    return layout.module_relpath(key.flashinfer, key.arch, module)
 
 
 def _collect(cache_root: Path, key: CacheKey, modules: Sequence[str], libraries_only: bool) -> list[FileEntry]:
@@ -171,7 +169,7 @@ def pack(
         context=asdict(context),
         modules={
             m: {
-                "dir": f"{key.flashinfer}/{key.arch}/cached_ops/{m}",
+                "dir": module_relpath(key, m).as_posix(),
                 "seconds": round(float((seconds or {}).get(m, 0.0)), 1),
             }
             for m in modules

@@ -21,12 +21,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sm120check.comm import flashinfer_jit
 from sm120check.jitcache import bundle as bundles
-from sm120check.jitcache.key import ARCH_LIST_ENV, KEY_FIELDS, CacheKey, KeyProblem, compute
+from sm120check.jitcache import layout
+from sm120check.jitcache import modules as jit_modules
+from sm120check.jitcache.key import KEY_FIELDS, CacheKey, KeyProblem, compute
+from sm120check.jitcache.layout import ARCH_LIST_ENV
 from sm120check.jitcache.ninja import dry_run, find_ninja
 
-DEFAULT_MODULES = ("trtllm_comm", "pcie_ipc_comm")
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 EXIT_TERMINATED = 128 + signal.SIGTERM
 
@@ -70,7 +71,13 @@ def _common(parser: argparse.ArgumentParser, modules: bool = True) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     if modules:
-        parser.add_argument("--modules", type=_modules, default=list(DEFAULT_MODULES), help="comma separated")
+        parser.add_argument(
+            "--modules",
+            type=_modules,
+            default=None,
+            help="comma separated (default: the serving modules this FlashInfer provides for the key's targets, "
+            f"of {', '.join(jit_modules.SERVING)})",
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,7 +138,12 @@ def _this_key(ns: argparse.Namespace) -> tuple[CacheKey, dict[str, str]]:
 
 
 def _cache_root(ns: argparse.Namespace) -> Path:
-    return flashinfer_jit.cache_root(_env(ns))
+    return layout.cache_root(_env(ns))
+
+
+def default_modules(key: CacheKey) -> list[str]:
+    """The serving modules a server with this key loads: `jitcache.modules.for_release` of its FlashInfer and arch."""
+    return list(jit_modules.for_release(key.flashinfer, layout.target_majors(key.arch.split("_"))))
 
 
 def _key_data(key: CacheKey, context: dict[str, str]) -> dict[str, Any]:
@@ -141,14 +153,12 @@ def _key_data(key: CacheKey, context: dict[str, str]) -> dict[str, Any]:
 def _status(ns: argparse.Namespace, key: CacheKey) -> list[dict[str, Any]]:
     if ns.regenerate:
         _prepare_flashinfer(ns)
-        from sm120check.jitcache.build import spec_for
-
         for name in ns.modules:
-            spec_for(name).write_ninja()
+            jit_modules.spec_for(name).write_ninja()
     ninja = find_ninja() or "ninja"
     rows = []
     for name in ns.modules:
-        directory = bundles.module_dir(_cache_root(ns), key.flashinfer, key.arch, name)
+        directory = layout.module_dir(_cache_root(ns), key.flashinfer, key.arch, name)
         verdict = dry_run(directory, ninja)
         cached = verdict.clean and (directory / f"{name}.so").is_file()
         rows.append(
@@ -174,7 +184,7 @@ def _do_build(ns: argparse.Namespace, key: CacheKey, context: dict[str, str]) ->
     from sm120check.jitcache import build as builder
     from sm120check.jitcache.key import BuildContext
 
-    ninja = find_ninja() or "ninja"
+    ninja = find_ninja()
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if ns.json else print
     outcomes = builder.build(ns.modules, ninja, progress=say)
     for outcome in outcomes:
@@ -210,6 +220,15 @@ def run(ns: argparse.Namespace) -> int:
         print(f"sm120check jit: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        if getattr(ns, "modules", "") is None and key is not None:
+            ns.modules = default_modules(key)
+            if not ns.modules:
+                print(
+                    f"sm120check jit: FlashInfer {key.flashinfer} has no serving JIT module for {key.arch}; "
+                    "name some with --modules",
+                    file=sys.stderr,
+                )
+                return EXIT_USAGE
         if ns.action == "key":
             assert key is not None
             _emit(ns, _key_data(key, context), f"{key.slug()}\n" + json.dumps(context, indent=1))

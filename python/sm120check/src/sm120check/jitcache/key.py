@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, fields
 from importlib import metadata
 from pathlib import Path
 
-from sm120check.comm import flashinfer_jit
+from sm120check.jitcache import layout
+from sm120check.jitcache.layout import ARCH_LIST_ENV
 from sm120check.jitcache.ninja import find_ninja, ninja_version
 
 KEY_FIELDS = ("flashinfer", "cuda", "arch", "torch", "context")
-ARCH_LIST_ENV = "FLASHINFER_CUDA_ARCH_LIST"
 # Environment FlashInfer writes into its build commands (flashinfer/jit/cpp_ext.py, core.py).
 COMMAND_ENV = (
     "CC",
@@ -177,7 +177,7 @@ def arch_dir(arch_list: str | None, capabilities: Sequence[str], cuda_release: s
             f"(role variable flashinfer_jit_arch_list)"
         )
     major, minor = (int(part) for part in cuda_release.split(".")[:2])
-    return "_".join(flashinfer_jit.jit_targets(capabilities, arch_list or None, (major, minor)))
+    return layout.arch_dir(layout.jit_targets(capabilities, arch_list or None, (major, minor)))
 
 
 def package_dir(name: str) -> str:
@@ -217,7 +217,7 @@ def compute(
         tvm_ffi_dir=package_dir("tvm_ffi"),
         python_include=sysconfig.get_path("include"),
         cuda_home=str(home),
-        cache_root=str(flashinfer_jit.cache_root(env)),
+        cache_root=str(layout.cache_root(env)),
         cxx=cxx_identity(env),
         command_env=" ".join(
             [f"{name}={env[name]}" for name in COMMAND_ENV if env.get(name)] + (["jit_debug"] if jit_debug(env) else [])

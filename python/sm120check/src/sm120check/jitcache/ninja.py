@@ -16,6 +16,10 @@ from pathlib import Path
 
 NO_WORK = "ninja: no work to do."
 _EXPLAIN = "ninja explain: "
+NO_NINJA = (
+    "no `ninja` on PATH: FlashInfer runs it by name on every load and fails without it "
+    "(put the stack venv's bin directory, which has the pinned ninja, on the servers' PATH)"
+)
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,12 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any, ClassVar
 
-from sm120check.comm import flashinfer_jit, flashinfer_release, topology
+from sm120check.comm import flashinfer_release, topology
 from sm120check.doctor import remedies, stackenv
 from sm120check.doctor.child import ChildOutcome, run_probe
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.jitcache import layout
+from sm120check.jitcache import modules as jit_modules
 from sm120check.jitcache.ninja import dry_run, find_ninja
 
 FAMILY = "comm"
@@ -28,9 +30,8 @@ P2P_REMEDY = (
     "switch ports (firmware setting, or `setpci -s <port> ECAP_ACS+6.w=0000`), then reboot"
 )
 JIT_TIMEOUT_ENV = "SM120CHECK_JIT_TIMEOUT"
-DEFAULT_JIT_TIMEOUT = 900.0  # a cold trtllm_comm build took 260-320 s on 2x H200
+DEFAULT_JIT_TIMEOUT = 900.0  # about twice the cold build of both modules (jitcache.cost: 300-460 s)
 FUSION_TOLERANCE = 2e-2  # bf16 outputs against an fp32 reference
-WARM_COMMAND = "python -m sm120check.doctor.probes.fusion --warm"
 
 
 def _skip(check_id: str, summary: str, remedy: str = "") -> Result:
@@ -428,7 +429,10 @@ class AllreduceFusion:
         outcome = run_probe(f"{PROBES}.fusion", args, timeout=timeout, **_stack(ctx))
         if not outcome.ok:
             return _child_failure(
-                self.id, "allreduce-fusion probe", outcome, f"warm the JIT cache first: {WARM_COMMAND}"
+                self.id,
+                "allreduce-fusion probe",
+                outcome,
+                f"warm FlashInfer's JIT cache first: {remedies.FLASHINFER_JIT}",
             )
         return with_evidence(judge_fusion(outcome.data, gate, timeout), outcome.data)
 
@@ -461,18 +465,24 @@ def jit_timeout(ctx: Context) -> float:
 
 
 def predicted_cached(version: str, capabilities: Sequence[str], env: Mapping[str, str] | None = None) -> bool:
-    """Whether trtllm_comm loads from FlashInfer's JIT cache for these GPUs without compiling (no flashinfer
-    import): its library exists and ninja, which FlashInfer runs on every load, has no work there."""
+    """Whether every module the fusion probe builds (the serving modules this FlashInfer provides for these GPUs)
+    loads from FlashInfer's JIT cache without compiling (no flashinfer import): its library exists and ninja, which
+    FlashInfer runs on every load, has no work there."""
     env = os.environ if env is None else env
     try:
-        targets = flashinfer_jit.jit_targets(capabilities, env.get("FLASHINFER_CUDA_ARCH_LIST"))
+        targets = layout.jit_targets(capabilities, env.get(layout.ARCH_LIST_ENV))
+        wanted = jit_modules.for_release(version, layout.target_majors(targets))
     except ValueError:
         return False
-    library = flashinfer_jit.module_library(flashinfer_jit.cache_root(env), version, targets, "trtllm_comm")
-    if not library.exists():
-        return False
     ninja = find_ninja(env)
-    return ninja is not None and dry_run(library.parent, ninja).clean
+    if ninja is None:
+        return False
+    root = layout.cache_root(env)
+    for name in wanted:
+        library = layout.module_library(root, version, layout.arch_dir(targets), name)
+        if not library.exists() or not dry_run(library.parent, ninja).clean:
+            return False
+    return True
 
 
 def judge_fusion(data: Mapping[str, Any], gate: flashinfer_release.FusionGate, timeout: float) -> Result:
@@ -507,7 +517,11 @@ def judge_fusion(data: Mapping[str, Any], gate: flashinfer_release.FusionGate, t
             if in_build
             else f"allreduce fusion hung: {problem}"
         )
-        remedy = f"warm the cache ({WARM_COMMAND}) or raise {JIT_TIMEOUT_ENV}" if in_build else P2P_REMEDY
+        remedy = (
+            f"warm FlashInfer's JIT cache: {remedies.FLASHINFER_JIT}; or raise {JIT_TIMEOUT_ENV}"
+            if in_build
+            else P2P_REMEDY
+        )
         return _result(check_id, Status.FAIL, summary, details=target, remedy=remedy, data=base)
     if not data.get("ok"):
         return _result(
@@ -562,7 +576,8 @@ def judge_fusion(data: Mapping[str, Any], gate: flashinfer_release.FusionGate, t
             Status.WARN,
             summary + f"; {jit_note}",
             details="\n".join(details),
-            remedy=f"warm FlashInfer's JIT cache at provisioning ({WARM_COMMAND}) so servers start without it",
+            remedy=f"warm FlashInfer's JIT cache at provisioning, so servers start without compiling: "
+            f"{remedies.FLASHINFER_JIT}",
             data=full,
         )
     return _result(check_id, Status.PASS, summary, details="\n".join(details), data=full)

@@ -1,9 +1,10 @@
 """Level 1: FlashInfer's JIT modules are cached for this node, so no server start waits minutes compiling them.
 
 FlashInfer 0.7.x compiles a module on its first use and runs ninja over the module's directory on every later load;
-a module is cached when that run has nothing to do. This check asks ninja (`ninja -n`, compiles nothing) for each
-module the flashinfer_jit role warms, in the cache the serving process uses: $FLASHINFER_WORKSPACE_BASE (the
-manifest's environment, overridden by this process's) or the home directory, then .cache/flashinfer/<version>/<arch>.
+a module is cached when that run has nothing to do, or when FlashInfer has it prebuilt (AOT). This check asks ninja
+(`ninja -n`, compiles nothing) for each serving module this FlashInfer provides for the node's GPUs
+(`jitcache.modules.for_release`), in the cache the serving process uses (`jitcache.layout`, with the manifest's
+environment overridden by this process's), and prices the missing ones with `jitcache.cost`.
 """
 
 from __future__ import annotations
@@ -14,24 +15,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sm120check.comm import flashinfer_jit
 from sm120check.doctor import remedies, stackenv
 from sm120check.doctor.checks.comm import capability, flashinfer_version
 from sm120check.doctor.model import Context, Result, Status
-from sm120check.jitcache import bundle
-from sm120check.jitcache.ninja import NinjaVerdict, dry_run, find_ninja
+from sm120check.jitcache import bundle, cost, layout
+from sm120check.jitcache import modules as jit_modules
+from sm120check.jitcache.ninja import NO_NINJA, NinjaVerdict, dry_run, find_ninja
 
 FAMILY = "flashinfer_jit"
-MODULES = ("trtllm_comm", "pcie_ipc_comm")  # the role's default flashinfer_jit_modules
-# Cold build on first use, seconds. trtllm_comm: 260-320 s alone and 330-460 s beside pcie_ipc_comm on 2x H200
-# (stack-facts section 7, docs/validation/2026-11-30-h200x2); pcie_ipc_comm's share is what the pair took beyond
-# trtllm_comm alone (330-460 s against 260-320 s).
-COLD_SECONDS: Mapping[str, tuple[int, int]] = {"trtllm_comm": (260, 460), "pcie_ipc_comm": (70, 140)}
-REMEDY = remedies.tags("flashinfer_jit")
-NO_NINJA = (
-    "no `ninja` on PATH: FlashInfer runs it by name on every load and fails without it "
-    "(put the stack venv's bin directory, which has the pinned ninja, on the servers' PATH)"
-)
 
 
 def serving_env(ctx: Context, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -55,12 +46,12 @@ def module_rows(
 ) -> list[dict[str, Any]]:
     rows = []
     for name in modules:
-        prebuilt = next((d / name / f"{name}.so" for d in aot if (d / name / f"{name}.so").is_file()), None)
+        prebuilt = next((layout.aot_library(d, name) for d in aot if layout.aot_library(d, name).is_file()), None)
         if prebuilt is not None:
             why = f"prebuilt (AOT) library {prebuilt}: FlashInfer loads it without ninja or a compile"
             rows.append({"module": name, "cached": True, "dir": str(prebuilt.parent), "why": why, "from": "aot"})
             continue
-        directory = bundle.module_dir(root, version, arch, name)
+        directory = layout.module_dir(root, version, arch, name)
         library = directory / f"{name}.so"
         if not library.is_file():
             verdict = NinjaVerdict(False, 0, (f"{library} is missing",))
@@ -87,15 +78,14 @@ def judge(rows: Sequence[Mapping[str, Any]], where: str) -> Result:
     if not missing:
         names = ", ".join(str(r["module"]) for r in rows)
         return _result(Status.PASS, f"{names} cached in {where}: a load compiles nothing", data=data)
-    low = sum(COLD_SECONDS.get(str(r["module"]), (60, 300))[0] for r in missing)
-    high = sum(COLD_SECONDS.get(str(r["module"]), (60, 300))[1] for r in missing)
+    low, high = cost.blocking_seconds(str(r["module"]) for r in missing)
     data.update(blocking_seconds_min=low, blocking_seconds_max=high)
     names = ", ".join(str(r["module"]) for r in missing)
     return _result(
         Status.WARN,
         f"{names} not cached for this node: the first server start blocks ~{low}-{high} s compiling",
         details="\n".join(f"{r['module']}: {r['why']}" for r in rows),
-        remedy=f"{REMEDY} (builds once per key and copies the cache to every node with that key)",
+        remedy=remedies.FLASHINFER_JIT,
         data=data,
     )
 
@@ -123,7 +113,7 @@ class FlashinferJitCheck:
         raw = driver.data.get("gpus") if driver is not None else None
         gpus: list[Any] = raw if isinstance(raw, list) else []
         caps = [capability(g) for g in gpus if isinstance(g, Mapping)]
-        arch_list = env.get("FLASHINFER_CUDA_ARCH_LIST") or None
+        arch_list = env.get(layout.ARCH_LIST_ENV) or None
         if not arch_list and not caps:
             return _result(
                 Status.SKIP,
@@ -131,13 +121,22 @@ class FlashinferJitCheck:
                 remedy=remedies.CUDA_ENV,
             )
         try:
-            arch = "_".join(flashinfer_jit.jit_targets(caps, arch_list))
+            targets = layout.jit_targets(caps, arch_list)
+            majors = layout.target_majors(targets)
         except ValueError as exc:
             return _result(Status.FAIL, str(exc), remedy=remedies.CUDA_ENV)
-        root = flashinfer_jit.cache_root(env)
+        try:
+            wanted = jit_modules.for_release(version, majors)
+        except ValueError as exc:
+            return _result(Status.FAIL, str(exc), remedy=remedies.PYTHON_STACK)
+        if not wanted:
+            shown = " ".join(targets)
+            return _result(Status.SKIP, f"FlashInfer {version} has no serving JIT module for target {shown}")
+        arch = layout.arch_dir(targets)
+        root = layout.cache_root(env)
         ninja = find_ninja(env)
-        rows = module_rows(root, version, arch, MODULES, ninja, aot_dirs(ctx))
-        return judge(rows, f"{root}/{version}/{arch}")
+        rows = module_rows(root, version, arch, wanted, ninja, aot_dirs(ctx))
+        return judge(rows, str(layout.workspace_dir(root, version, arch)))
 
 
 CHECKS = (FlashinferJitCheck,)

@@ -1,13 +1,15 @@
 """FlashInfer allreduce fusion (allreduce + residual add + RMSNorm) against the unfused torch reference.
 
 Run by the `allreduce_fusion` check as `python -m sm120check.doctor.probes.fusion --gpus 0,1 --timeout S`.
-Rank 0 first builds (or finds cached) the JIT modules, timed, before any rank touches a workspace; then every
+Rank 0 first builds (or finds cached) the JIT modules, timed, with `sm120check.jitcache.build` (the one builder,
+modules side by side, prebuilt AOT modules taken as they are) before any rank touches a workspace; then every
 rank creates the workspace, runs pattern kARResidualRMSNorm at each size against NCCL allreduce + add + RMSNorm
 in torch, and times fused against unfused. Where FlashInfer has PcieIpcAllReduceWorkspace (0.7.0+) its
 allreduce is checked and timed as well.
 
 `--warm` builds the modules in this process only (no ranks, no GPU needed when FLASHINFER_CUDA_ARCH_LIST is
-set) and reports per module whether it was cached and how long the build took: the JIT-warming role uses it.
+set) and reports per module whether it was cached and how long the build took. The flashinfer_jit role does not use
+it: it runs `python -m sm120check.jitcache build`, the same builder, per cache key.
 """
 
 from __future__ import annotations
@@ -19,19 +21,24 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from sm120check.comm import flashinfer_jit
 from sm120check.doctor.child import emit
 from sm120check.doctor.probes import collective as co
 from sm120check.doctor.probes.ranks import RankContext, launch
+from sm120check.jitcache import build as builder
+from sm120check.jitcache import modules as jit_modules
 
 MAX_TOKENS = 128
 RMS_EPS = 1e-6
 
 
 def _build(modules: list[str]) -> dict[str, Any]:
+    def say(line: str) -> None:  # stdout carries the one JSON result
+        print(line, file=sys.stderr, flush=True)
+
+    outcomes = builder.build(modules, progress=say, use_prebuilt=True, parallel=True)
     return {
-        "modules": [dataclasses.asdict(b) for b in flashinfer_jit.build_modules(modules)],
-        "environment": flashinfer_jit.jit_environment(),
+        "modules": [dataclasses.asdict(o) for o in outcomes],
+        "environment": dataclasses.asdict(builder.flashinfer_view()),
     }
 
 
@@ -223,10 +230,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _default_modules(pcie: bool) -> list[str]:
-    import flashinfer.jit.comm as jit_comm
-
-    wanted = ["trtllm_comm"] + (["pcie_ipc_comm"] if pcie else [])
-    return [m for m in wanted if hasattr(jit_comm, flashinfer_jit.COMM_MODULES[m])]
+    """The serving modules this FlashInfer provides (pcie_ipc_comm only with the PCIe IPC check)."""
+    wanted = [m for m in jit_modules.SERVING if pcie or m != "pcie_ipc_comm"]
+    return jit_modules.available(wanted)
 
 
 if __name__ == "__main__":
