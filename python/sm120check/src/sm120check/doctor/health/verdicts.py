@@ -1,0 +1,449 @@
+"""Pure judges: a node-health payload in, a Verdict (pass / warn / fail / skip, summary, details, remedy) out.
+
+Per-GPU functions take one GpuHealth; `combine` folds them into one node verdict (the worst status first).
+Thresholds that are our choice say so in their constant's comment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sm120check.doctor.health import xid as xid_catalogue
+from sm120check.doctor.health.payloads import GpuHealth, KernelLog, Reading
+from sm120check.doctor.health.sglang_configs import TunedConfigs
+
+PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
+_RANK = {FAIL: 3, WARN: 2, PASS: 1, SKIP: 0}
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Verdict:
+    id: str
+    status: str  # pass, warn, fail, skip (the doctor Status values)
+    summary: str
+    details: str = ""
+    remedy: str = ""
+
+
+def combine(id: str, verdicts: Sequence[Verdict], empty: str = "no GPU to judge") -> Verdict:
+    """One node verdict: the worst status; the summary lists the GPUs that are not fine."""
+    if not verdicts:
+        return Verdict(id, SKIP, empty)
+    worst = max(_RANK[v.status] for v in verdicts)
+    status = next(s for s, r in _RANK.items() if r == worst)
+    bad = [v for v in verdicts if v.status == status]
+    summary = bad[0].summary if len(bad) == 1 else f"{len(bad)} GPUs: " + "; ".join(v.summary for v in bad)
+    details = "\n".join(v.details for v in verdicts if v.details)
+    remedies = list(dict.fromkeys(v.remedy for v in bad if v.remedy))
+    return Verdict(id, status, summary, details, "; ".join(remedies))
+
+
+# ---- PCIe link ---------------------------------------------------------------------------------------------------
+
+_GT_PER_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+_ENCODING = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 242 / 256}  # Gen6: FLIT mode
+
+SLOT_REMEDY = (
+    "reseat the GPU or move it to a CPU-attached x16 slot (not a chipset or bifurcated x8 slot, no riser); set the "
+    "slot's link speed to Auto/Gen5 in the BIOS; check `sudo lspci -vv -s <bus> | grep -E 'LnkCap|LnkSta'`"
+)
+
+
+def link_gbps(gen: int, width: int) -> float:
+    """Raw one-direction rate of a PCIe link in GB/s: GT/s x lanes x encoding / 8 (Gen5 x16 = 32 x 16 x 128/130 / 8
+    = 63.0 GB/s; Gen4 x16 = 31.5 GB/s)."""
+    return _GT_PER_S.get(gen, 0.0) * width * _ENCODING.get(gen, 1.0) / 8
+
+
+def _link(gen: int | None, width: int | None) -> str:
+    return f"Gen{gen if gen is not None else '?'} x{width if width is not None else '?'}"
+
+
+def pcie_link(gpu: GpuHealth) -> Verdict:
+    """Current link vs the most it can train to, read while copies ran (an idle link may sit at Gen1 to save power)."""
+    vid = "pcie_link"
+    if gpu.lost:
+        return Verdict(
+            vid,
+            FAIL,
+            f"GPU {gpu.index}: NVML cannot reach it ({gpu.lost}): it fell off the bus or needs a reset",
+            remedy=xid_catalogue.lookup(79).action,
+        )
+    if not (gpu.pcie_gen_max.ok and gpu.pcie_width_max.ok):
+        return Verdict(vid, SKIP, f"GPU {gpu.index}: NVML gives no maximum link ({gpu.pcie_gen_max.status})")
+    max_gen, max_width = gpu.pcie_gen_max.value or 0, gpu.pcie_width_max.value or 0
+    idle = _link(gpu.pcie_gen.value, gpu.pcie_width.value)
+    gpu_max = gpu.pcie_gen_gpu_max.value if gpu.pcie_gen_gpu_max.ok else None
+    details = f"GPU {gpu.index} ({gpu.bus_id}): max {_link(max_gen, max_width)}, idle {idle}"
+    if gpu_max is not None:
+        details += f", the GPU itself can do Gen{gpu_max}"
+    busy = gpu.load
+    if busy is None or busy.busy_gen is None or busy.busy_width is None:
+        if gpu.pcie_gen.value == max_gen and gpu.pcie_width.value == max_width:
+            return Verdict(vid, PASS, f"GPU {gpu.index}: link {idle} (at its maximum even idle)", details)
+        return Verdict(
+            vid,
+            SKIP,
+            f"GPU {gpu.index}: link read only at idle ({idle} of {_link(max_gen, max_width)}): links drop "
+            "generation at idle, so this is no verdict; run with the load",
+            details,
+        )
+    gen, width = busy.busy_gen, busy.busy_width
+    details += f", busy {_link(gen, width)} ({len(busy.samples)} distinct samples during the copies)"
+    fraction = link_gbps(gen, width) / link_gbps(max_gen, max_width) if link_gbps(max_gen, max_width) else 1.0
+    if gen >= max_gen and width >= max_width:
+        if gpu_max is not None and gpu_max > max_gen:
+            return Verdict(
+                vid,
+                WARN,
+                f"GPU {gpu.index}: link {_link(gen, width)} is the slot's limit, the GPU can do Gen{gpu_max}",
+                details,
+                f"a Gen{gpu_max} CPU-attached slot doubles host bandwidth; check the slot's BIOS link-speed setting",
+            )
+        return Verdict(vid, PASS, f"GPU {gpu.index}: link {_link(gen, width)} under load (its maximum)", details)
+    summary = (
+        f"GPU {gpu.index}: link trained at {_link(gen, width)} under load, below its maximum "
+        f"{_link(max_gen, max_width)} ({fraction:.0%} of the bandwidth)"
+    )
+    return Verdict(vid, FAIL if fraction < 0.5 else WARN, summary, details, SLOT_REMEDY)
+
+
+REPLAY_WARN = 100  # our choice: a few replays happen on healthy links; hundreds mean signal-integrity trouble
+
+
+def pcie_replay(gpu: GpuHealth) -> Verdict:
+    vid = "pcie_replay"
+    if not gpu.pcie_replay.ok:
+        return Verdict(vid, SKIP, f"GPU {gpu.index}: replay counter {gpu.pcie_replay.status}")
+    count = gpu.pcie_replay.value or 0
+    if count >= REPLAY_WARN:
+        return Verdict(
+            vid,
+            WARN,
+            f"GPU {gpu.index}: {count} PCIe replays since the driver loaded (warn at >= {REPLAY_WARN})",
+            f"GPU {gpu.index} ({gpu.bus_id}) replay counter {count}",
+            "replays are link-level retransmissions (bit errors): " + SLOT_REMEDY,
+        )
+    return Verdict(vid, PASS, f"GPU {gpu.index}: {count} PCIe replays")
+
+
+# ---- Xid ---------------------------------------------------------------------------------------------------------
+
+
+def xid(log: KernelLog, since_s: float | None = None) -> Verdict:
+    """Xids of this boot (or after `since_s` seconds of uptime), each with NVIDIA's meaning and the next step."""
+    vid = "gpu_xid"
+    if log.error:
+        return Verdict(vid, SKIP, log.error, remedy="run the doctor as root to read the kernel log")
+    events = [e for e in log.events if since_s is None or e.uptime_s is None or e.uptime_s >= since_s]
+    window = "since boot" if since_s is None else f"since {since_s:.0f} s after boot"
+    if not events:
+        return Verdict(vid, PASS, f"no Xid in the kernel log {window} ({log.source}, {log.lines} lines)")
+    seen: dict[tuple[int, str], int] = {}
+    for event in events:
+        seen[(event.xid, event.pci)] = seen.get((event.xid, event.pci), 0) + 1
+    lines, steps = [], []
+    worst = WARN
+    for (number, pci), times in seen.items():
+        info = xid_catalogue.lookup(number)
+        if info.severity == FAIL:
+            worst = FAIL
+        lines.append(f"Xid {number} ({info.name}) on {pci}, {times}x")
+        step = f"Xid {number}: {info.action}"
+        if step not in steps:
+            steps.append(step)
+    fallen = [pci for (number, pci) in seen if number == 79]
+    if fallen:
+        summary = f"GPU {', '.join(fallen)} fell off the bus (Xid 79) {window}"
+    else:
+        summary = f"{len(events)} Xid events {window}: " + ", ".join(lines)
+    example = "\n".join(f"  {e.pci}: Xid {e.xid}, {e.text}" for e in events[:5])
+    return Verdict(vid, worst, summary, "\n".join(lines) + "\nfirst lines:\n" + example, "; ".join(steps))
+
+
+# ---- memory health -----------------------------------------------------------------------------------------------
+
+
+def ecc(gpu: GpuHealth) -> Verdict:
+    """Uncorrectable ECC counts, retired pages and remapped rows (pending / failure)."""
+    vid = "gpu_ecc"
+    g = f"GPU {gpu.index}"
+    parts = [
+        f"ECC mode {_onoff(gpu.ecc_mode)}",
+        f"uncorrected volatile {gpu.ecc_uncorrected_volatile.shown()}",
+        f"aggregate {gpu.ecc_uncorrected_aggregate.shown()}",
+        f"retired pages {gpu.retired_pages.shown()} (pending {gpu.retired_pending.shown()})",
+        f"remapped rows correctable {gpu.remap_correctable.shown()} uncorrectable {gpu.remap_uncorrectable.shown()}"
+        f" pending {gpu.remap_pending.shown()} failure {gpu.remap_failure.shown()}",
+    ]
+    details = f"{g} ({gpu.bus_id}): " + ", ".join(parts)
+    if gpu.remap_failure.ok and gpu.remap_failure.value:
+        return Verdict(
+            vid,
+            FAIL,
+            f"{g}: row remapping failed (no spare rows left for a bad memory row)",
+            details,
+            "drain the GPU and RMA it (NVIDIA's row-remapping RMA policy); it cannot hide further memory faults",
+        )
+    if gpu.ecc_uncorrected_volatile.ok and gpu.ecc_uncorrected_volatile.value:
+        return Verdict(
+            vid,
+            FAIL,
+            f"{g}: {gpu.ecc_uncorrected_volatile.value} uncorrectable ECC errors since the driver loaded",
+            details,
+            "restart the applications on it, then reset the GPU (`sudo nvidia-smi -r -i N`) or reboot; "
+            "RMA if they come back",
+        )
+    pending = [w for w, r in (("row remap", gpu.remap_pending), ("page retirement", gpu.retired_pending)) if r.value]
+    if pending:
+        return Verdict(
+            vid,
+            WARN,
+            f"{g}: {' and '.join(pending)} pending: it takes effect only after a GPU reset",
+            details,
+            "drain the GPU, then `sudo nvidia-smi -r -i N` or reboot",
+        )
+    if gpu.ecc_uncorrected_aggregate.ok and gpu.ecc_uncorrected_aggregate.value:
+        return Verdict(
+            vid,
+            WARN,
+            f"{g}: {gpu.ecc_uncorrected_aggregate.value} uncorrectable ECC errors in its lifetime (none this boot)",
+            details,
+            "watch it: run `dcgmi diag -r 3`; RMA if the count grows",
+        )
+    if not gpu.ecc_mode.ok:
+        return Verdict(vid, PASS, f"{g}: ECC {gpu.ecc_mode.status}; remapped rows {gpu.remap_failure.status}", details)
+    return Verdict(vid, PASS, f"{g}: no uncorrectable memory errors, no pending or failed remaps", details)
+
+
+def _onoff(reading: Reading) -> str:
+    return ("on" if reading.value else "off") if reading.ok else f"({reading.status})"
+
+
+# ---- clocks, power, temperature ----------------------------------------------------------------------------------
+
+# nvml.h nvmlClocksEventReasons bits
+REASONS = {
+    0x1: "GPU idle",
+    0x2: "applications clocks setting",
+    0x4: "SW power cap",
+    0x8: "HW slowdown",
+    0x10: "sync boost",
+    0x20: "SW thermal slowdown",
+    0x40: "HW thermal slowdown",
+    0x80: "HW power brake slowdown",
+    0x100: "display clock setting",
+}
+_FAIL_REASONS = 0x8 | 0x40 | 0x80  # what azurehpc's check_gpu_clock_throttling flags: HW slowdown, thermal, brake
+_WARN_REASONS = 0x20
+TEMPERATURE_WARN_C = 85  # our choice: near the slowdown temperature of these parts
+
+
+def reason_names(mask: int) -> list[str]:
+    return [name for bit, name in REASONS.items() if mask & bit]
+
+
+def clocks(gpu: GpuHealth) -> Verdict:
+    """Clock-event reasons seen during the load, power limit below the default, temperature."""
+    vid = "gpu_clocks"
+    g = f"GPU {gpu.index}"
+    load_mask = gpu.load.busy_reasons if gpu.load is not None else None
+    mask = load_mask if load_mask is not None else gpu.clock_reasons.value
+    when = "during the copies" if load_mask is not None else "at rest"
+    details = (
+        f"{g}: reasons {when}: {', '.join(reason_names(mask or 0)) or 'none'}; power limit "
+        f"{_watts(gpu.power_limit_mw)} (default {_watts(gpu.power_default_mw)}, enforced "
+        f"{_watts(gpu.power_enforced_mw)}); temperature {gpu.temperature_c.shown(' C')}"
+    )
+    if mask is not None and mask & _FAIL_REASONS:
+        return Verdict(
+            vid,
+            FAIL,
+            f"{g}: clocks held down by {', '.join(reason_names(mask & _FAIL_REASONS))} {when}",
+            details,
+            "HW slowdown / power brake: check PSU capacity and the GPU's power cables (all connectors seated); "
+            "thermal: check airflow, fans and the chassis temperature (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE`)",
+        )
+    limit, default = gpu.power_limit_mw, gpu.power_default_mw
+    if limit.ok and default.ok and (limit.value or 0) < (default.value or 0):
+        return Verdict(
+            vid,
+            WARN,
+            f"{g}: power limit {_watts(limit)} is below the default {_watts(default)}",
+            details,
+            f"raise it: `sudo nvidia-smi -i {gpu.index} -pl {(default.value or 0) // 1000}` (persists until reboot)",
+        )
+    if mask is not None and mask & _WARN_REASONS:
+        return Verdict(vid, WARN, f"{g}: SW thermal slowdown {when}", details, "improve cooling / airflow")
+    if gpu.temperature_c.ok and (gpu.temperature_c.value or 0) >= TEMPERATURE_WARN_C:
+        return Verdict(
+            vid,
+            WARN,
+            f"{g}: {gpu.temperature_c.value} C (warn at >= {TEMPERATURE_WARN_C} C)",
+            details,
+            "improve cooling",
+        )
+    return Verdict(vid, PASS, f"{g}: no hardware slowdown {when}, power limit at its default", details)
+
+
+def _watts(reading: Reading) -> str:
+    return f"{(reading.value or 0) / 1000:.0f} W" if reading.ok else f"({reading.status})"
+
+
+# ---- MIG, BAR1, processes ----------------------------------------------------------------------------------------
+
+
+def mig(gpu: GpuHealth) -> Verdict:
+    vid = "gpu_mig"
+    g = f"GPU {gpu.index}"
+    if not gpu.mig_mode.ok:
+        return Verdict(vid, PASS, f"{g}: MIG {gpu.mig_mode.status}")
+    remedy = f"`sudo nvidia-smi -i {gpu.index} -mig 0`, then reset the GPU or reboot"
+    if gpu.mig_mode.value:
+        return Verdict(
+            vid, FAIL, f"{g}: MIG mode is on: the GPU is split and cannot serve as one TP rank", remedy=remedy
+        )
+    if gpu.mig_mode_pending.ok and gpu.mig_mode_pending.value:
+        return Verdict(vid, WARN, f"{g}: MIG mode turns on at the next GPU reset", remedy=remedy)
+    return Verdict(vid, PASS, f"{g}: MIG off")
+
+
+def _rtx_class(name: str) -> bool:
+    return "RTX" in name or "GeForce" in name or "TITAN" in name
+
+
+def bar1(gpu: GpuHealth) -> Verdict:
+    """Rule: on RTX-class parts, PCIe P2P maps the peer's memory through BAR1, so a BAR1 smaller than the GPU's
+    memory (resizable BAR off: typically 256 MiB) means P2P and large host mappings cannot see it all: warn."""
+    vid = "gpu_bar1"
+    g = f"GPU {gpu.index}"
+    if not (gpu.bar1_total.ok and gpu.memory_total.ok):
+        return Verdict(vid, SKIP, f"{g}: BAR1 {gpu.bar1_total.status}, memory {gpu.memory_total.status}")
+    bar, mem = gpu.bar1_total.value or 0, gpu.memory_total.value or 0
+    details = f"{g} ({gpu.name}): BAR1 {bar / GIB:.2f} GiB, memory {mem / GIB:.1f} GiB"
+    if bar < mem and _rtx_class(gpu.name):
+        return Verdict(
+            vid,
+            WARN,
+            f"{g}: BAR1 is {bar / GIB:.2f} GiB, smaller than its {mem / GIB:.0f} GiB memory (resizable BAR off?)",
+            details,
+            "enable 'Above 4G decoding' and 'Resizable BAR' in the BIOS (P2P on RTX parts maps through BAR1)",
+        )
+    return Verdict(vid, PASS, f"{g}: BAR1 {bar / GIB:.0f} GiB", details)
+
+
+PROCESS_WARN_BYTES = 1 * GIB  # our choice: a CUDA context alone takes ~0.5 GiB; more means real work is there
+
+
+def gpu_processes(gpu: GpuHealth) -> Verdict:
+    """Compute processes already on the GPU (read before the probe's own load) and the memory they hold."""
+    vid = "gpu_processes"
+    g = f"GPU {gpu.index}"
+    if gpu.processes_status != "ok":
+        return Verdict(vid, SKIP, f"{g}: process list {gpu.processes_status}")
+    if not gpu.processes:
+        return Verdict(vid, PASS, f"{g}: no compute processes")
+    listed = ", ".join(
+        f"pid {p.pid}{f' ({p.name})' if p.name else ''} "
+        + (f"{p.used_bytes / GIB:.1f} GiB" if p.used_bytes is not None else "memory unknown")
+        for p in gpu.processes
+    )
+    heavy = [p for p in gpu.processes if p.used_bytes is None or p.used_bytes >= PROCESS_WARN_BYTES]
+    if not heavy:
+        return Verdict(vid, PASS, f"{g}: only small compute processes ({listed})", f"{g}: {listed}")
+    top = max(heavy, key=lambda p: p.used_bytes or 0)
+    held = f"{top.used_bytes / GIB:.1f} GiB" if top.used_bytes is not None else "an unknown amount of memory"
+    return Verdict(
+        vid,
+        WARN,
+        f"{g}: pid {top.pid}{f' ({top.name})' if top.name else ''} already holds {held}",
+        f"{g}: {listed}",
+        f"stop it (`nvidia-smi --query-compute-apps=pid,used_memory --format=csv -i {gpu.index}`, then end pid "
+        f"{top.pid}) or leave room for it in --mem-fraction-static",
+    )
+
+
+# ---- bandwidth ---------------------------------------------------------------------------------------------------
+
+# Our floors, as fractions of the raw link rate (link_gbps of the maximum link): pinned copy-engine copies on a
+# healthy link reach roughly 80-90 % of it (TLP/DLLP overheads; nvbandwidth host_to_device_memcpy_ce and DCGM's
+# pcie plugin report in that range on Gen4/Gen5 x16 hosts). Below 70 %: warn; below 40 %: fail (a link or IOMMU
+# problem, not noise).
+BANDWIDTH_WARN_FRACTION = 0.70
+BANDWIDTH_FAIL_FRACTION = 0.40
+
+
+def h2d_bandwidth(gpu: GpuHealth) -> Verdict:
+    vid = "gpu_copy_bandwidth"
+    g = f"GPU {gpu.index}"
+    load = gpu.load
+    if load is None:
+        return Verdict(vid, SKIP, f"{g}: no copy load ran")
+    if load.error and load.h2d_gbps is None:
+        return Verdict(vid, FAIL, f"{g}: the copy load failed: {load.error}")
+    if not (gpu.pcie_gen_max.ok and gpu.pcie_width_max.ok):
+        return Verdict(vid, SKIP, f"{g}: no maximum link to derive a floor from ({gpu.pcie_gen_max.status})")
+    max_gen, max_width = gpu.pcie_gen_max.value or 0, gpu.pcie_width_max.value or 0
+    raw = link_gbps(max_gen, max_width)
+    warn_floor, fail_floor = raw * BANDWIDTH_WARN_FRACTION, raw * BANDWIDTH_FAIL_FRACTION
+    rates = {"H2D": load.h2d_gbps, "D2H": load.d2h_gbps}
+    details = (
+        f"{g}: pinned H2D {load.h2d_gbps} GB/s, D2H {load.d2h_gbps} GB/s (median of {load.repeats} x "
+        f"{load.size_bytes >> 20} MiB); {_link(max_gen, max_width)} raw {raw:.1f} GB/s = GT/s x lanes x encoding / 8; "
+        f"warn below {BANDWIDTH_WARN_FRACTION:.0%} ({warn_floor:.1f} GB/s), fail below "
+        f"{BANDWIDTH_FAIL_FRACTION:.0%} ({fail_floor:.1f} GB/s)"
+    )
+    low = {d: r for d, r in rates.items() if r is not None and r < warn_floor}
+    if not low:
+        return Verdict(
+            vid, PASS, f"{g}: H2D {load.h2d_gbps} / D2H {load.d2h_gbps} GB/s on {_link(max_gen, max_width)}", details
+        )
+    status = FAIL if any(r < fail_floor for r in low.values()) else WARN
+    shown = ", ".join(f"{d} {r:.1f} GB/s" for d, r in low.items())
+    return Verdict(
+        vid,
+        status,
+        f"{g}: {shown} is below {warn_floor:.1f} GB/s ({BANDWIDTH_WARN_FRACTION:.0%} of {_link(max_gen, max_width)})",
+        details,
+        "check the pcie_link verdict (a link trained below its maximum), then IOMMU mode (`iommu=pt`) and the "
+        "slot: " + SLOT_REMEDY,
+    )
+
+
+# ---- product name and SGLang tuned configs -----------------------------------------------------------------------
+
+
+def gpu_product(gpus: Sequence[GpuHealth], configs: TunedConfigs | None) -> Verdict:
+    """The exact product name(s) and whether the installed SGLang ships tuned configs filed under that name."""
+    vid = "gpu_product"
+    names = sorted({g.name for g in gpus})
+    if not names:
+        return Verdict(vid, SKIP, "no GPU to name")
+    if len(names) > 1:
+        return Verdict(
+            vid,
+            WARN,
+            f"mixed GPU products on one node: {', '.join(names)}",
+            "SGLang picks tuned configs by device name: each edition needs its own files, and a TP group of mixed "
+            "editions runs at the slowest one's clocks and power limit",
+            "serve with GPUs of one edition (CUDA_VISIBLE_DEVICES)",
+        )
+    name = names[0]
+    if configs is None:
+        return Verdict(vid, PASS, f"{name} (no SGLang tree to look for tuned configs)")
+    details = f"device_name={configs.device_name}; searched {', '.join(configs.searched) or 'no config folder'}"
+    if configs.files:
+        listed = "\n".join(f"  {f}" for f in configs.files[:20])
+        return Verdict(
+            vid, PASS, f"{name}: SGLang ships {len(configs.files)} tuned configs for it", details + "\n" + listed
+        )
+    return Verdict(
+        vid,
+        WARN,
+        f"{name}: the installed SGLang ships no tuned kernel configs named device_name={configs.device_name}",
+        details,
+        "SGLang falls back to default (untuned) MoE / FP8 GEMM configs: tune them for this edition "
+        "(sglang benchmark/kernels/fused_moe_triton tuning script) or copy a sibling edition's files under this name",
+    )

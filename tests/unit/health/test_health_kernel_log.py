@@ -1,0 +1,94 @@
+"""Kernel-log parsing on the driver's line formats, and the readers' failure paths (values, never crashes)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sm120check.doctor.health import kernel_log
+from sm120check.doctor.health.xid import AZUREHPC_XIDS, CATALOGUE, lookup
+
+# Lines as the driver prints them (NVIDIA's Xid docs format `NVRM: Xid (PCI:<bus>): <xid>, pid=..., name=..., <text>`;
+# the others as posted in NVIDIA/open-gpu-kernel-modules#1151 and user logs with older drivers).
+DOCUMENTED = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+ISSUE_1151 = [
+    "May 18 19:02:39 kernel: NVRM: GPU at PCI:0000:2b:00: GPU-0b11d014-1685-04bd-26ed-5fc0bc1c44ae",
+    "May 18 19:02:39 kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
+    "May 18 19:02:39 kernel: NVRM: GPU 0000:2b:00.0: GPU has fallen off the bus.",
+]
+OLD_DRIVER = "[  269.517039] NVRM: Xid (0000:01:00): 3, C 00000005 SC 00000007 M 00001ffc Data ffffffff"
+OLD_FALLEN = "[ 1936.510073] NVRM: GPU at 0000:01:00.0 has fallen off the bus."
+MMU = (
+    "May 13 17:19:01 hyperion kernel: NVRM: Xid (PCI:0000:08:00): 31, Ch 0000003b, intr 10000000. MMU Fault: ENGINE "
+    "GRAPHICS HUBCLIENT_SCC faulted @ 0x0_04687000. Fault is of type FAULT_PDE ACCESS_TYPE_READ"
+)
+
+
+def test_documented_line() -> None:
+    event = kernel_log.parse_line(DOCUMENTED)
+    assert event is not None
+    assert (event.xid, event.pci, event.pid, event.process) == (79, "0000:3b:00", 1234, "python3")
+    assert event.text.endswith("GPU has fallen off the bus.")
+
+
+def test_xid_79_then_fallen_line_counts_once() -> None:
+    events = kernel_log.parse(ISSUE_1151)
+    assert [(e.xid, e.pci) for e in events] == [(79, "0000:2b:00")]
+
+
+def test_old_formats_and_uptime() -> None:
+    old = kernel_log.parse_line(OLD_DRIVER)
+    assert old is not None and (old.xid, old.pci, old.uptime_s) == (3, "0000:01:00", pytest.approx(269.517039))
+    fallen = kernel_log.parse([OLD_FALLEN])
+    assert [(e.xid, e.pci) for e in fallen] == [(79, "0000:01:00.0")]
+    mmu = kernel_log.parse_line(MMU)
+    assert mmu is not None and mmu.xid == 31 and mmu.pid is None
+
+
+def test_other_lines_are_ignored() -> None:
+    assert kernel_log.parse(["usbhid 2-3:1.0: suspend error -5", "NVRM: loading NVIDIA UNIX Open Kernel Module"]) == ()
+
+
+def test_kmsg_records() -> None:
+    data = b"4,1234,5107644336,-;NVRM: Xid (PCI:0000:03:00): 79, GPU has fallen off the bus.\n SUBSYSTEM=pci\n"
+    lines = kernel_log._kmsg_records(data)
+    assert lines == ["[ 5107.644336] NVRM: Xid (PCI:0000:03:00): 79, GPU has fallen off the bus."]
+    assert kernel_log.parse(lines)[0].uptime_s == pytest.approx(5107.644336)
+
+
+def test_read_kmsg_stops_at_eagain_on_a_fifo(tmp_path: Path) -> None:
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # keeps the FIFO open: an empty read is EAGAIN, not EOF
+    try:
+        os.write(writer, b"4,1,100,-;" + DOCUMENTED.encode() + b"\n")
+        lines = kernel_log.read_kmsg(str(fifo))
+    finally:
+        os.close(writer)
+    assert kernel_log.parse(lines)[0].xid == 79
+
+
+def test_unreadable_everywhere_is_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    def denied(path: str = "/dev/kmsg") -> list[str]:
+        raise PermissionError(1, "Operation not permitted", path)
+
+    def failing(cmd: list[str]) -> list[str]:
+        raise OSError(f"{cmd[0]} exited 1: dmesg: read kernel buffer failed: Operation not permitted")
+
+    monkeypatch.setattr(kernel_log, "read_kmsg", denied)
+    monkeypatch.setattr(kernel_log, "_command", failing)
+    log = kernel_log.read()
+    assert log.source == "" and log.events == ()
+    assert log.error.startswith("kernel log unreadable:") and "run as root" in log.error
+    assert "Operation not permitted" in log.error
+
+
+def test_catalogue_covers_the_azurehpc_list_and_the_app_xids() -> None:
+    for number in AZUREHPC_XIDS | {13, 31, 43, 45, 94, 95, 109, 140}:
+        assert number in CATALOGUE, number
+        assert CATALOGUE[number].action
+    assert all(CATALOGUE[n].severity == "fail" for n in AZUREHPC_XIDS)
+    assert lookup(79).name == "GPU has fallen off the bus"
+    assert lookup(999).name == "not in the catalogue"

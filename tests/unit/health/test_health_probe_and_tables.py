@@ -1,0 +1,78 @@
+"""The probe run here (no GPU, no NVML) exits cleanly with a payload saying why; the NCCL floor table; SGLang's
+config names for each RTX PRO 6000 edition."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sm120check.doctor.health import nccl_floor, sglang_configs
+from sm120check.doctor.health.load import pci_key
+from sm120check.doctor.health.payloads import NodeHealth
+
+SRC = Path(__file__).resolve().parents[3] / "python" / "sm120check" / "src"
+
+
+def test_probe_without_nvml_prints_a_payload_saying_why() -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC), LD_LIBRARY_PATH="/nonexistent")
+    proc = subprocess.run(
+        [sys.executable, "-m", "sm120check.doctor.probes.node_health", "--no-load"],
+        capture_output=True,
+        text=True,
+        timeout=60,  # hang guard: it takes well under a second
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    if "libnvidia-ml.so.1" not in proc.stderr:
+        raise AssertionError(f"no NVML step announced: {proc.stderr}")
+    health = NodeHealth.from_json(json.loads(proc.stdout.strip().splitlines()[-1]))
+    if health.gpus:  # a machine with a driver: then the readings are there instead
+        return
+    assert "libnvidia-ml.so.1" in health.nvml_error
+    assert health.kernel_log.source or health.kernel_log.error.startswith("kernel log unreadable")
+
+
+def test_nccl_floor() -> None:
+    assert nccl_floor.floor() == "2.27.3"
+    bad = nccl_floor.judge_nccl("2.26.2")
+    assert bad.status == "fail" and "nccl#2418" in bad.details
+    assert nccl_floor.judge_nccl("2.26.5").status == "fail"
+    assert nccl_floor.judge_nccl("2.21.5").status == "fail"
+    pinned = nccl_floor.judge_nccl("2.30.7-1+cuda13.0")
+    assert pinned.status == "pass" and "512 KiB" in pinned.details
+    assert nccl_floor.judge_nccl("2.31.2").details == ""
+    assert nccl_floor.judge_nccl("v2.x").status == "fail"
+
+
+def test_sglang_device_names_per_edition(tmp_path: Path) -> None:
+    max_q = "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"
+    assert sglang_configs.device_name(max_q) == "NVIDIA_RTX_PRO_6000_Blackwell_Max-Q_Workstation_Edition"
+    folder = tmp_path / "srt/layers/moe/moe_runner/triton_utils/configs/triton_3_5_1"
+    folder.mkdir(parents=True)
+    for name in (
+        "E=161,N=192,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Max-Q_Workstation_Edition.json",
+        "E=256,N=512,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition_down.json",
+        "E=256,N=512,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition,dtype=fp8_w8a8.json",
+    ):
+        (folder / name).write_text("{}")
+    assert len(sglang_configs.find(str(tmp_path), max_q).files) == 1
+    assert len(sglang_configs.find(str(tmp_path), "NVIDIA RTX PRO 6000 Blackwell Server Edition").files) == 2
+    workstation = sglang_configs.find(str(tmp_path), "NVIDIA RTX PRO 6000 Blackwell Workstation Edition")
+    assert workstation.files == () and workstation.searched
+
+
+def test_installed_sglang_tree_if_present() -> None:
+    tree = Path("/work/main/.cache/sglang/0.5.23/sglang")
+    if not tree.is_dir():
+        return
+    found = sglang_configs.find(str(tree), "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition")
+    assert any("triton_3_5_1" in f for f in found.files)
+
+
+def test_pci_keys_match_across_nvml_cuda_and_xid_forms() -> None:
+    assert pci_key("00000000:3B:00.0") == pci_key("0000:3b:00.0") == pci_key("PCI:0000:3b:00") == (0, 0x3B, 0)
+    assert pci_key("garbage") is None
