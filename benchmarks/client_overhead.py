@@ -27,8 +27,8 @@ from pathlib import Path
 from simserver_proc import start_sim
 
 from sm120check.bench.apis import Api, RequestSpec
+from sm120check.bench.closedloop import LevelPlan, run_level, summarize
 from sm120check.bench.http import Endpoint
-from sm120check.bench.runner import LevelPlan, run_level, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "client_overhead.json"

@@ -23,9 +23,9 @@ import yaml
 
 from bench.conftest import SIM_ARGS, TRUE_CROSSOVER, Sim, run_subcommand
 from sm120check.bench.crossover import analyze
+from sm120check.bench.percentiles import Dist
 from sm120check.bench.records import LevelSummary, append_jsonl, read_jsonl, seed_table
 from sm120check.bench.simserver import SimModel
-from sm120check.bench.stats import Dist
 
 LEVELS = "1,4,8,16,32,64"
 MODEL_LEVELS = (1, 2, 4, 8, 16, 32, 64)
@@ -103,8 +103,8 @@ def test_cost_model_recovers_step_times_accepted_length_and_crossover(tmp_path: 
     assert model is not None and model.c is not None and model.d is not None and model.tau is not None
     # exact step times in, exact step times out (to the 6 digits records keep): the fit and the algebra are right
     assert model.tau == pytest.approx(2.0, rel=1e-9)
-    assert (model.a, model.b) == (pytest.approx(0.010, rel=1e-4), pytest.approx(0.0004, rel=1e-4))
-    assert (model.c, model.d) == (pytest.approx(0.013, rel=1e-4), pytest.approx(0.0012, rel=1e-4))
+    assert (model.a, model.b) == pytest.approx((0.010, 0.0004), rel=1e-4)
+    assert (model.c, model.d) == pytest.approx((0.013, 0.0012), rel=1e-4)
     assert model.predicted == pytest.approx(TRUE_CROSSOVER, rel=1e-4)
     assert min(model.r2_base, model.r2_spec) == pytest.approx(1.0, abs=1e-6)
 
@@ -170,9 +170,9 @@ def test_live_sweeps_of_both_servers_go_through_bench_and_crossover(
     plain_sim: Sim, spec_sim: Sim, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base, spec = tmp_path / "base.jsonl", tmp_path / "spec.jsonl"
-    for sim, out, label in ((plain_sim, base, "base"), (spec_sim, spec, "spec")):
+    for sim, records, label in ((plain_sim, base, "base"), (spec_sim, spec, "spec")):
         args = ["--url", sim.url, "--concurrency", LEVELS, "--output-len", "32", "--duration", "0.5", "--quiet"]
-        assert run_subcommand("bench", *args, "--label", label, "--out", str(out)) == 0
+        assert run_subcommand("bench", *args, "--label", label, "--out", str(records)) == 0
     levels = [int(c) for c in LEVELS.split(",")]
     analysis = analyze(read_jsonl(base), read_jsonl(spec), ("base", "spec"))
     assert [lv.concurrency for lv in analysis.levels] == levels and (analysis.base_runs, analysis.spec_runs) == (1, 1)

@@ -14,8 +14,8 @@ import pytest
 from bench.conftest import SIM_ARGS, Sim, run_subcommand
 from lab.loopback import QuietHandler, serve, url
 from sm120check.bench.cli import default_requests
+from sm120check.bench.closedloop import RequestRecord, summarize
 from sm120check.bench.records import LevelSummary, RecordError, read_jsonl
-from sm120check.bench.runner import RequestRecord, summarize
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ import pytest
 
 from bench.conftest import Sim
 from sm120check.bench.apis import Api, RequestSpec
+from sm120check.bench.closedloop import LevelPlan, run_level, summarize
 from sm120check.bench.http import Endpoint
-from sm120check.bench.runner import LevelPlan, run_level, summarize
 
 C = 250
 OUTPUT_LEN = 32

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bench.conftest import Sim, run_subcommand
+from sm120check.bench.closedloop import RequestRecord, summarize
 from sm120check.bench.records import read_jsonl
-from sm120check.bench.runner import RequestRecord, summarize
 from sm120check.bench.simserver import SimModel
 
 

@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,7 +53,7 @@ def lying_server(counts: list[int], meta: dict[str, object] | None = None, info:
         yield url(server)
 
 
-def bench(url: str, out: Path, *extra: str) -> dict[str, object]:
+def bench(url: str, out: Path, *extra: str) -> dict[str, Any]:
     code = run_subcommand(
         "bench", "--url", url, "--concurrency", "1", "--requests-per-level", "2", "--warmup", "0",
         "--output-len", "16", "--quiet", "--info-timeout", "2", "--request-timeout", "10", "--level-timeout", "20",
@@ -70,8 +71,8 @@ def bench(url: str, out: Path, *extra: str) -> dict[str, object]:
 def test_counts_that_go_backwards_or_explode_are_flagged_and_not_counted(tmp_path: Path) -> None:
     with lying_server([5, 3, -100, 10**12]) as url:
         record = bench(url, tmp_path / "r.jsonl")
-    assert "untrusted_token_counts" in record["flags"]  # type: ignore[operator]
-    assert any("cannot be true" in str(w) for w in record["warnings"])  # type: ignore[union-attr]
+    assert "untrusted_token_counts" in record["flags"]
+    assert any("cannot be true" in str(w) for w in record["warnings"])
     assert record["throughput_tok_s"] == 0 and record["output_tokens"] == 0
 
 
@@ -79,8 +80,8 @@ def test_counts_that_go_backwards_or_explode_are_flagged_and_not_counted(tmp_pat
 def test_tokens_above_output_len_are_flagged(tmp_path: Path) -> None:
     with lying_server([1, 2, 50]) as url:
         record = bench(url, tmp_path / "r.jsonl")
-    assert "untrusted_token_counts" in record["flags"]  # type: ignore[operator]
-    assert any("--output-len" in str(w) for w in record["warnings"])  # type: ignore[union-attr]
+    assert "untrusted_token_counts" in record["flags"]
+    assert any("--output-len" in str(w) for w in record["warnings"])
     assert record["output_tokens"] == 0
 
 
@@ -89,7 +90,7 @@ def test_a_negative_spec_verify_ct_gives_no_negative_accept_length(tmp_path: Pat
     with lying_server([2, 4, 6], {"spec_verify_ct": -1}) as url:
         record = bench(url, tmp_path / "r.jsonl")
     assert record["accept_length"] is None
-    assert "untrusted_token_counts" in record["flags"]  # type: ignore[operator]
+    assert "untrusted_token_counts" in record["flags"]
 
 
 @pytest.mark.timeout(60)

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from sm120check.bench.closedloop import RequestRecord
 from sm120check.bench.goodput import Goodput, GoodputError, Slo, compute_goodput, observed_latency
-from sm120check.bench.runner import RequestRecord
 
 
 def rec(

@@ -21,12 +21,12 @@ from sm120check.bench import cli as bench_cli
 from sm120check.bench import openloop
 from sm120check.bench.apis import Api, RequestSpec
 from sm120check.bench.arrivals import Arrivals
+from sm120check.bench.closedloop import RequestRecord, summarize
 from sm120check.bench.crossover import analyze_mode, level_goodput, level_mode, level_rate
 from sm120check.bench.goodput import Slo, compute_goodput
 from sm120check.bench.http import Endpoint
 from sm120check.bench.openloop import OpenLoopStats, RatePlan, peak_in_flight, run_rate_level
 from sm120check.bench.records import read_jsonl
-from sm120check.bench.runner import RequestRecord, summarize
 
 OUTPUT_LEN = 8
 FAST = ("--a-ms", "2", "--b-ms", "0.1", "--c-ms", "2", "--d-ms", "0.1")

@@ -29,13 +29,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = Path(os.environ.get("SM120CHECK_SRC") or REPO / "python" / "sm120check" / "src")  # a snapshot may be carried
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def driver_multicast(device: int) -> dict[str, object]:
+def driver_multicast(device: int) -> dict[str, Any]:
     import cuda.bindings.driver as cu
 
     cu.cuInit(0)
@@ -55,7 +56,7 @@ def tree_hashes(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*.py"))}
 
 
-def sm120check_sglang(*argv: str) -> tuple[int, dict[str, object]]:
+def sm120check_sglang(*argv: str) -> tuple[int, dict[str, Any]]:
     sys.path.insert(0, str(SRC))
     from sm120check.sglang import cli
 
@@ -68,14 +69,14 @@ def sm120check_sglang(*argv: str) -> tuple[int, dict[str, object]]:
     return status, json.loads(buf.getvalue())
 
 
-def probe(gpus: str, timeout: float) -> dict[str, object]:
+def probe(gpus: str, timeout: float) -> dict[str, Any]:
     env = {**os.environ, **SAFE_ENV, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "sm120check.doctor.probes.sglang_comm", "--gpus", gpus, "--timeout", str(timeout)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 30, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if not lines:
         return {"ok": False, "problem": f"probe exit {proc.returncode}", "stderr": proc.stderr[-3000:]}
-    data: dict[str, object] = json.loads(lines[-1])
+    data: dict[str, Any] = json.loads(lines[-1])
     return data
 
 
@@ -91,23 +92,23 @@ def main() -> int:
         print("SGLang is not importable: install it (scripts/device/sglang-carry.sh), set PYTHONPATH", file=sys.stderr)
         return 2
     source = Path(spec.origin).parent
-    report: dict[str, object] = {"sglang": str(source), "env": SAFE_ENV, "cc": opts.cc, "gpus": opts.gpus}
+    report: dict[str, Any] = {"sglang": str(source), "env": SAFE_ENV, "cc": opts.cc, "gpus": opts.gpus}
     report["driver"] = driver_multicast(int(opts.gpus.split(",")[0]))
     print("driver:", json.dumps(report["driver"]))
     before = tree_hashes(source)
     unpatched = probe(opts.gpus, opts.timeout)
     status, patched_info = sm120check_sglang("patch", "--source", str(source), "--cc", opts.cc)
-    files = [str(f["path"]) for f in patched_info.get("files") or []]  # type: ignore[union-attr, index]
+    files = [str(f["path"]) for f in patched_info.get("files") or []]
     report["patch"] = {"status": status, "files": files, "error": patched_info.get("error")}
     patched = probe(opts.gpus, opts.timeout) if status == 0 else {}
     revert_status, _ = sm120check_sglang("patch", "--revert", "--source", str(source))
     identical = tree_hashes(source) == before and not (source / ".sm120kit").exists()
     report.update(unpatched=unpatched, patched=patched, revert_status=revert_status, revert_identical=identical)
 
-    def ranks(data: dict[str, object]) -> list[dict[str, object]]:
-        return [r for r in data.get("ranks", []) if isinstance(r, dict)]  # type: ignore[union-attr]
+    def ranks(data: dict[str, Any]) -> list[dict[str, Any]]:
+        return [r for r in data.get("ranks", []) if isinstance(r, dict)]
 
-    def pre(r: dict[str, object]) -> dict[str, object]:
+    def pre(r: dict[str, Any]) -> dict[str, Any]:
         value = r.get("preflight")
         return value if isinstance(value, dict) else {}
 
@@ -129,13 +130,13 @@ def main() -> int:
     ok_unpatched = bool(ranks(unpatched)) and all(
         not pre(r).get("ok")
         and "cuMulticastGetGranularity" in str(pre(r).get("sizes_error"))
-        and any(skip_line in str(line) for line in pre(r).get("log", []))  # type: ignore[union-attr]
+        and any(skip_line in str(line) for line in pre(r).get("log", []))
         for r in ranks(unpatched)
     )
     ok_patched = bool(ranks(patched)) and all(
         pre(r).get("ok") is True
         and pre(r).get("sizes")
-        and not any(skip_line in str(line) for line in pre(r).get("log", []))  # type: ignore[union-attr]
+        and not any(skip_line in str(line) for line in pre(r).get("log", []))
         for r in ranks(patched)
     )
     print(f"patch: exit {status}, {len(files)} files; revert: exit {revert_status}, byte-identical {identical}")

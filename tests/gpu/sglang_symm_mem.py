@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -46,7 +47,7 @@ def _rank(rank: int, port: int, results: str) -> None:
     import torch
     import torch.distributed as dist
 
-    record: dict[str, object] = {"rank": rank}
+    record: dict[str, Any] = {"rank": rank}
     messages: list[str] = []
 
     class Capture(logging.Handler):
@@ -95,7 +96,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_phase(timeout: float) -> list[dict[str, object]]:
+def run_phase(timeout: float) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -118,7 +119,7 @@ def run_phase(timeout: float) -> list[dict[str, object]]:
         return out
 
 
-def sm120check_sglang(*argv: str) -> tuple[int, dict[str, object]]:
+def sm120check_sglang(*argv: str) -> tuple[int, dict[str, Any]]:
     sys.path.insert(0, str(REPO / "python" / "sm120check" / "src"))
     from sm120check.sglang import cli
 
@@ -145,7 +146,7 @@ def main() -> int:
         )
         return 2
     source = str(Path(spec.origin).parent)
-    report: dict[str, object] = {"sglang": source, "env": {**SAFE_ENV, **SGLANG_ENV}, "cc": opts.cc}
+    report: dict[str, Any] = {"sglang": source, "env": {**SAFE_ENV, **SGLANG_ENV}, "cc": opts.cc}
 
     unpatched = run_phase(opts.timeout)
     status, patched_info = sm120check_sglang("patch", "--source", source, "--cc", opts.cc)
@@ -159,7 +160,7 @@ def main() -> int:
         r.get("disabled") is False
         and "error" not in r
         and r.get("checks")
-        and all(c["ran"] and c["ok"] for c in r["checks"])  # type: ignore[union-attr]
+        and all(c["ran"] and c["ok"] for c in r["checks"])
         for r in patched
     )
     for phase, ranks in (("unpatched", unpatched), ("patched", patched)):
@@ -167,10 +168,10 @@ def main() -> int:
             checks = r.get("checks") or []
             summary = ", ".join(
                 f"{c['elements']}: " + ("equal" if c.get("equal") else f"max diff {c.get('max_abs_diff')}")
-                for c in checks  # type: ignore[union-attr]
+                for c in checks
             )
             state = "error " + str(r["error"]) if "error" in r else ("disabled" if r.get("disabled") else "enabled")
-            warn = next((m for m in r.get("log", []) if "not supported" in m), "")  # type: ignore[union-attr]
+            warn = next((m for m in r.get("log", []) if "not supported" in m), "")
             print(
                 f"{phase} rank {r['rank']}: {state}"
                 + (f" ({warn})" if warn else "")

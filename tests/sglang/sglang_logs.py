@@ -127,11 +127,6 @@ def find_format(release: Path, paths: Iterable[str], contains: str) -> LogFormat
     return hits[0]
 
 
-def log_line(release: Path, paths: Iterable[str], contains: str, samples: Mapping[str, str] | None = None) -> str:
-    """A log line as the release prints it: the prefix SGLang's logger writes, then the rendered message."""
-    return LOG_PREFIX + render(find_format(release, paths, contains), samples)
-
-
 def _annotated_names(cls: ast.ClassDef) -> list[str]:
     return [s.target.id for s in cls.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
 

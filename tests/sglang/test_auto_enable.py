@@ -11,11 +11,12 @@ import ast
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sglang_releases import release_dir, run_cli
 
-from sm120check.sglang import fusion
+from sm120check.sglang import fusion_gates
 from sm120check.sglang.textedit import MARK
 from sm120check.sglang.tree import SourceTree
 
@@ -27,14 +28,14 @@ CRASHING = {
 }
 
 
-def _scan(version: str | Path, flashinfer: str) -> dict[str, object]:
+def _scan(version: str | Path, flashinfer: str) -> dict[str, Any]:
     source = release_dir(version) if isinstance(version, str) else version
     args = ("--json", "--cc", "12.0", "--flashinfer-version", flashinfer, "--source", str(source))
-    return json.loads(run_cli("scan", *args)[1])  # type: ignore[no-any-return]
+    return json.loads(run_cli("scan", *args)[1])  # type: ignore[no-any-return,unused-ignore]
 
 
-def _auto(scan: dict[str, object]) -> list[dict[str, object]]:
-    return [f for f in scan["findings"] if str(f["id"]).startswith("fusion-auto-enable:")]  # type: ignore[union-attr]
+def _auto(scan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in scan["findings"] if str(f["id"]).startswith("fusion-auto-enable:")]
 
 
 def _fusion_conditions(text: str) -> list[ast.expr]:
@@ -42,13 +43,15 @@ def _fusion_conditions(text: str) -> list[ast.expr]:
     return [
         node.test
         for node in ast.walk(ast.parse(text))
-        if isinstance(node, ast.If) and fusion._sets_fusion_on(node.body) and fusion._blackwell_term(node.test)
+        if isinstance(node, ast.If)
+        and fusion_gates._sets_fusion_on(node.body)
+        and fusion_gates._blackwell_term(node.test)
     ]
 
 
 @pytest.mark.parametrize("version", sorted(CRASHING))
 def test_blackwell_definition_admits_sm120(version: str) -> None:
-    assert fusion.blackwell_majors(SourceTree(release_dir(version) / "sglang")) == (10, 12)
+    assert fusion_gates.blackwell_majors(SourceTree(release_dir(version) / "sglang")) == (10, 12)
 
 
 @pytest.mark.parametrize("version", sorted(CRASHING))
@@ -84,7 +87,7 @@ def test_patch_narrows_the_condition_to_sm100_and_reverts(version: str, tmp_path
     helpers = {"is_blackwell_supported": lambda: True, "is_sm90_supported": lambda: False}
     after_helpers = {"is_sm100_supported": lambda: False, "is_sm90_supported": lambda: False}
     for cond in before:
-        term = fusion._blackwell_term(cond)
+        term = fusion_gates._blackwell_term(cond)
         assert term is not None
         text = ast.unparse(term)
         assert eval(text, dict(helpers)) is True

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sglang_releases import RELEASES, PatchCycle, release_dir
 
-from sm120check.sglang import eagle, patch, report
+from sm120check.sglang import eagle, patch, scan
 from sm120check.sglang.textedit import MARK
 from sm120check.sglang.tree import ComputeCapability, SourceTree
 
@@ -430,8 +430,8 @@ def test_generated_methods_call_the_inner_model_directly_without_hasattr(
     assert ast.unparse(methods["get_embed_and_head"].args) == "self"
     for fn in (methods[CAPTURE], methods["get_embed_and_head"]):
         assert "hasattr" not in ast.unparse(fn)
-    assert ast.unparse(methods[CAPTURE].body) == "return self.llm.set_eagle3_layers_to_capture(layer_ids)"
-    assert ast.unparse(methods["get_embed_and_head"].body) == "return self.llm.get_embed_and_head()"
+    assert ast.unparse(methods[CAPTURE].body) == "return self.llm.set_eagle3_layers_to_capture(layer_ids)"  # type: ignore[arg-type]  # unparse takes a statement list too
+    assert ast.unparse(methods["get_embed_and_head"].body) == "return self.llm.get_embed_and_head()"  # type: ignore[arg-type]  # unparse takes a statement list too
 
 
 def _stand_in(cls: ast.ClassDef, attr: str, inner: object) -> object:
@@ -518,7 +518,7 @@ def _scan(version: str) -> eagle.EagleScan:
 def _plan(version: str) -> dict[str, str]:
     """Patched text of every file the patch would change, computed in memory from the read-only release."""
     tree = _tree(version)
-    found = report.run(tree, ComputeCapability(12, 0, "--cc"), "0.7.2", "--flashinfer-version")
+    found = scan.run(tree, ComputeCapability(12, 0, "--cc"), "0.7.2", "--flashinfer-version")
     return {ch.path: ch.after.decode("utf-8") for ch in patch.plan(tree, found)}
 
 
@@ -562,8 +562,8 @@ def test_kimi_k25_in_0_5_9_is_patched_with_a_direct_delegation() -> None:
     cls = _class(_plan("0.5.9")["srt/models/kimi_k25.py"], "KimiK25ForConditionalGeneration")
     methods = _functions(cls)
     assert "hasattr" not in ast.unparse(methods["get_embed_and_head"]) + ast.unparse(methods[CAPTURE])
-    assert ast.unparse(methods["get_embed_and_head"].body) == "return self.language_model.get_embed_and_head()"
-    assert ast.unparse(methods[CAPTURE].body) == "return self.language_model.set_eagle3_layers_to_capture(layer_ids)"
+    assert ast.unparse(methods["get_embed_and_head"].body) == "return self.language_model.get_embed_and_head()"  # type: ignore[arg-type]  # unparse takes a statement list too
+    assert ast.unparse(methods[CAPTURE].body) == "return self.language_model.set_eagle3_layers_to_capture(layer_ids)"  # type: ignore[arg-type]  # unparse takes a statement list too
     assert ast.unparse(methods[CAPTURE].args) == "self, layer_ids=None"
     _check_delegation_runs(cls, "language_model")
 
@@ -669,14 +669,14 @@ def test_doctor_names_the_models_eagle3_is_not_available_for(monkeypatch: pytest
     from sm120check.doctor.checks import sglang as check_module
     from sm120check.doctor.model import Context, Status
 
-    real = report.run
+    real = scan.run
 
-    def patched_view(*args: object, **kwargs: object) -> report.ScanReport:
+    def patched_view(*args: object, **kwargs: object) -> scan.ScanReport:
         found = real(*args, **kwargs)  # type: ignore[arg-type]
         return replace(found, findings=tuple(f for f in found.findings if not f.patchable))
 
     monkeypatch.setattr("sm120check.sglang.tree.find_installed", lambda: release_dir("0.5.23") / "sglang")
-    monkeypatch.setattr(report, "run", patched_view)
+    monkeypatch.setattr(scan, "run", patched_view)
     result = check_module.SglangSm120().run(Context())
     assert result.status is Status.WARN
     assert "EAGLE-3 not available for" in result.summary and "see details" in result.summary

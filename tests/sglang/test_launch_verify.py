@@ -28,8 +28,8 @@ from sm120check.sglang import launch_cli
 from sm120check.sglang.launch_patterns import LOG_PATTERNS, LogPattern
 from sm120check.sglang.launch_request import request_from_command
 from sm120check.sglang.launch_terms import Expectation, Sign
-from sm120check.sglang.launch_verdict import parse_version
 from sm120check.sglang.server_info import MAX_SERVER_INFO_BYTES
+from sm120check.versions import parse_or_none
 
 # The releases the log table was read from (all of .cache/sglang from 0.5.9 on); the table test walks all of them.
 TABLE_RELEASES = ("0.5.9", "0.5.10", "0.5.13", "0.5.14", "0.5.16", "0.5.22", "0.5.23")
@@ -224,7 +224,7 @@ def run_release(tmp_path: Path, docs: Docs, version: str, log: list[str], **fiel
 
 
 def _version(text: str) -> tuple[int, ...]:
-    parsed = parse_version(text)
+    parsed = parse_or_none(text)
     assert parsed, text
     return parsed
 

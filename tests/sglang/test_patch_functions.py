@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sglang_releases import FIXTURES, run_cli, tree_hashes
 
-from sm120check.sglang import eagle, fusion, symm_mem
+from sm120check.sglang import eagle, fusion_gates, symm_mem_gates
 from sm120check.sglang.errors import Refusal
 
 SIZES_REL = "srt/distributed/device_communicators/all_reduce_utils.py"
@@ -27,7 +27,7 @@ def _sizes_after(text: str) -> dict[int, dict[int, int]]:
 
 
 def test_size_map_gains_major_12_with_the_sizes_of_10() -> None:
-    patched = symm_mem.add_size_major(
+    patched = symm_mem_gates.add_size_major(
         fixture("all_reduce_utils-0.5.9"), SIZES_REL, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", 12
     )
     sizes = _sizes_after(patched)
@@ -35,15 +35,15 @@ def test_size_map_gains_major_12_with_the_sizes_of_10() -> None:
 
 
 def test_size_map_patch_is_idempotent() -> None:
-    once = symm_mem.add_size_major(
+    once = symm_mem_gates.add_size_major(
         fixture("all_reduce_utils-0.5.9"), SIZES_REL, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", 12
     )
-    assert symm_mem.add_size_major(once, SIZES_REL, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", 12) == once
+    assert symm_mem_gates.add_size_major(once, SIZES_REL, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", 12) == once
 
 
 def test_size_map_patch_only_adds_lines() -> None:
     original = fixture("all_reduce_utils-0.5.9")
-    patched = symm_mem.add_size_major(original, SIZES_REL, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", 12)
+    patched = symm_mem_gates.add_size_major(original, SIZES_REL, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", 12)
     added = [line for line in patched.splitlines() if line not in original.splitlines()]
     assert patched.splitlines()[: len(original.splitlines()) - 1] == original.splitlines()[:-1]
     assert added[0].strip().startswith("# sm120kit") and added[1].strip() == "12: {"
@@ -52,12 +52,12 @@ def test_size_map_patch_only_adds_lines() -> None:
 def test_renamed_size_map_is_refused() -> None:
     renamed = fixture("all_reduce_utils-0.5.9").replace("TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", "SYMM_MEM_SIZES_V2")
     with pytest.raises(Refusal, match="TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES"):
-        symm_mem.add_size_major(renamed, SIZES_REL, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", 12)
+        symm_mem_gates.add_size_major(renamed, SIZES_REL, "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", 12)
 
 
 def test_multicast_early_return_kept_only_for_multimem_world_sizes() -> None:
     rel = "srt/distributed/device_communicators/torch_symm_mem.py"
-    patched = symm_mem.relax_multicast_return(fixture("torch_symm_mem-0.5.23"), rel, "TorchSymmMemCommunicator")
+    patched = symm_mem_gates.relax_multicast_return(fixture("torch_symm_mem-0.5.23"), rel, "TorchSymmMemCommunicator")
     test = next(
         n.test for n in ast.walk(ast.parse(patched)) if isinstance(n, ast.If) and "multicast_ptr" in ast.unparse(n.test)
     )
@@ -68,20 +68,20 @@ def test_multicast_early_return_kept_only_for_multimem_world_sizes() -> None:
 
 def test_multicast_patch_is_idempotent() -> None:
     rel = "srt/distributed/device_communicators/torch_symm_mem.py"
-    once = symm_mem.relax_multicast_return(fixture("torch_symm_mem-0.5.23"), rel, "TorchSymmMemCommunicator")
-    assert symm_mem.relax_multicast_return(once, rel, "TorchSymmMemCommunicator") == once
+    once = symm_mem_gates.relax_multicast_return(fixture("torch_symm_mem-0.5.23"), rel, "TorchSymmMemCommunicator")
+    assert symm_mem_gates.relax_multicast_return(once, rel, "TorchSymmMemCommunicator") == once
 
 
 def test_renamed_multicast_check_is_refused() -> None:
     rel = "srt/distributed/device_communicators/torch_symm_mem.py"
     renamed = fixture("torch_symm_mem-0.5.23").replace("handle.multicast_ptr == 0", "not handle.has_multicast")
     with pytest.raises(Refusal, match="early return not found"):
-        symm_mem.relax_multicast_return(renamed, rel, "TorchSymmMemCommunicator")
+        symm_mem_gates.relax_multicast_return(renamed, rel, "TorchSymmMemCommunicator")
 
 
 def test_direct_multimem_lookup_becomes_tolerant_in_0_5_4() -> None:
     rel = "srt/distributed/device_communicators/symm_mem.py"
-    patched = symm_mem.tolerate_multimem_lookup(fixture("symm_mem-0.5.4"), rel, "SymmMemCommunicator")
+    patched = symm_mem_gates.tolerate_multimem_lookup(fixture("symm_mem-0.5.4"), rel, "SymmMemCommunicator")
     assert "self._WORLD_SIZES_MULTIMEM[self.device_capability]" not in patched
     assert "self._WORLD_SIZES_MULTIMEM.get(self.device_capability, ())" in patched
     edited = [line for line in patched.splitlines() if "_WORLD_SIZES_MULTIMEM.get(self.device_capability, ())" in line]
@@ -90,7 +90,7 @@ def test_direct_multimem_lookup_becomes_tolerant_in_0_5_4() -> None:
 
 
 def test_runtime_gate_admits_sm120_with_its_flag_and_import() -> None:
-    patched = fusion.admit_sm120(fixture("communicator-0.5.9-head"), "srt/layers/communicator.py")
+    patched = fusion_gates.admit_sm120(fixture("communicator-0.5.9-head"), "srt/layers/communicator.py")
     assert "(_is_sm90_supported or _is_sm100_supported or _is_sm120_supported)" in patched
     assert "_is_sm120_supported = _is_cuda and is_sm120_supported()" in patched
     assert "from sglang.srt.utils import is_sm120_supported" in patched
@@ -98,14 +98,16 @@ def test_runtime_gate_admits_sm120_with_its_flag_and_import() -> None:
 
 
 def test_backend_gate_of_0_5_23_admits_sm120_through_the_platform() -> None:
-    patched = fusion.admit_sm120(fixture("flashinfer_comm_fusion-0.5.23-head"), "srt/layers/flashinfer_comm_fusion.py")
+    patched = fusion_gates.admit_sm120(
+        fixture("flashinfer_comm_fusion-0.5.23-head"), "srt/layers/flashinfer_comm_fusion.py"
+    )
     assert "if not (get_platform().is_sm90 or get_platform().is_sm100 or get_platform().is_sm120):" in patched
     assert "is_sm120_supported" not in patched  # the platform object already knows SM120: nothing to import
 
 
 def test_gate_patch_is_idempotent() -> None:
-    once = fusion.admit_sm120(fixture("communicator-0.5.9-head"), "srt/layers/communicator.py")
-    assert fusion.admit_sm120(once, "srt/layers/communicator.py") == once
+    once = fusion_gates.admit_sm120(fixture("communicator-0.5.9-head"), "srt/layers/communicator.py")
+    assert fusion_gates.admit_sm120(once, "srt/layers/communicator.py") == once
 
 
 def test_wrapper_gets_mllama4_style_delegation() -> None:

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 from sglang_releases import release_dir, run_cli, tree_hashes
 
-from sm120check.sglang import patch, report, state
+from sm120check.sglang import patch, scan, state
 from sm120check.sglang.errors import SglangError
 from sm120check.sglang.patch import FileChange
 from sm120check.sglang.tree import SourceTree, parse_cc
@@ -452,6 +452,19 @@ def test_os_error_in_the_cli_is_exit_2_naming_the_path(tmp_path: Path, monkeypat
     assert tree_hashes(tmp_path) == before
 
 
+def test_a_gap_the_patch_leaves_open_is_exit_1_patch_needed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the edits land, a rescan that still finds a patchable gap means the tree still needs a patch (exit 1,
+    as `--check` says), not a usage error (exit 2)."""
+    pkg = _synthetic(tmp_path / "site")
+    gap = SimpleNamespace(ok=False, patchable=True, summary="fusion gate: still closed")
+    # A stand-in scan: a release whose gap the edits do not close cannot be built from a small synthetic tree.
+    stand_in = SimpleNamespace(**vars(REPORT), flashinfer_origin="--flashinfer-version", blocked=[], findings=[gap])
+    monkeypatch.setattr(scan, "run", lambda *_: stand_in)
+    monkeypatch.setattr(patch, "plan", lambda tree, found: _changes(tree.root))
+    status, result = _patch(pkg)
+    assert (status, result["changed"], result["remaining"]) == (1, True, ["fusion gate: still closed"])
+
+
 def test_upgrade_with_record_rebaselines(tmp_path: Path) -> None:
     old = _synthetic(tmp_path / "old", version="0.0.1")
     _apply(old)
@@ -537,7 +550,7 @@ def _kill_every_write(
     pristine = _site(tmp_path, version, "pristine")
     expected = tree_hashes(pristine)
     tree = SourceTree(pristine / "sglang")
-    found = report.run(tree, parse_cc("12.0"), "0.7.2", "--flashinfer-version")
+    found = scan.run(tree, parse_cc("12.0"), "0.7.2", "--flashinfer-version")
     changes = patch.plan(tree, found)
     last = 2 * len(changes) + 2  # the journal, a backup and a file each, the complete ledger
     for when, n in sorted({("after", n) for n in after(last)} | {("before", n) for n in before(last)}):

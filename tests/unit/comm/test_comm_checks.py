@@ -3,29 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sm120check.comm.flashinfer_release import fusion_gate
-from sm120check.doctor import remedies
+from sm120check.doctor import facts, remedies
 from sm120check.doctor.checks import comm
 from sm120check.doctor.child import ChildOutcome
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.nvml_api import Gpu, NvmlInfo
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "comm"
 
 
-def gpu(
-    index: int, name: str = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", cc: str = "12.0"
-) -> dict[str, Any]:
-    return {"index": index, "name": name, "cc": cc, "bus_id": f"00000000:{index + 1:02x}:00.0"}
+def gpu(index: int, name: str = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", cc: str = "12.0") -> Gpu:
+    major, minor = (int(part) for part in cc.split("."))
+    return Gpu(index, name, (major, minor), None, f"00000000:{index + 1:02x}:00.0")
 
 
-def context(rows: Sequence[dict[str, Any]], torch: Status = Status.PASS, **kw: Any) -> Context:
-    ctx = Context(**kw)
-    ctx.results["driver"] = Result("driver", Status.PASS, "driver ok", data={"gpus": list(rows)})
+def context(rows: Sequence[Gpu], torch: Status = Status.PASS, **kw: Any) -> Context:
+    """The node's facts with these GPUs as NVML listed them (read now: after the test's monkeypatches)."""
+    nvml = facts.NvmlFacts(NvmlInfo("580.95.05", 13000, tuple(rows), "ctypes"))
+    ctx = Context(facts=replace(facts.local(), nvml_read=nvml), **kw)
+    ctx.results["driver"] = Result("driver", Status.PASS, "driver ok")
     ctx.results["torch"] = Result("torch", torch, "torch ok")
     return ctx
 
@@ -59,7 +62,7 @@ def test_gpus_option_naming_a_missing_gpu_is_said(monkeypatch: pytest.MonkeyPatc
 
 def test_sm120_node_with_flashinfer_0_6_12_fails_before_launching(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(comm, "run_probe", no_probe)
-    monkeypatch.setattr(comm.metadata, "version", lambda name: "0.6.12")
+    monkeypatch.setattr(facts.metadata, "version", lambda name: "0.6.12")
     result = comm.AllreduceFusion().run(context([gpu(0), gpu(1)]))
     assert result.status is Status.FAIL
     assert "no SM120 allreduce-fusion kernels" in result.summary
@@ -68,9 +71,9 @@ def test_sm120_node_with_flashinfer_0_6_12_fails_before_launching(monkeypatch: p
 
 def test_fusion_without_flashinfer_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     def missing(name: str) -> str:
-        raise comm.metadata.PackageNotFoundError(name)
+        raise facts.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(comm.metadata, "version", missing)
+    monkeypatch.setattr(facts.metadata, "version", missing)
     result = comm.AllreduceFusion().run(context([gpu(0), gpu(1)]))
     assert result.status is Status.SKIP and "python_stack" in result.remedy
 
@@ -83,7 +86,7 @@ def test_a_cold_jit_cache_gets_the_long_timeout(monkeypatch: pytest.MonkeyPatch,
         return ChildOutcome(ok=True, data={"ok": False, "problem": "stop here"})
 
     monkeypatch.setattr(comm, "run_probe", probe)
-    monkeypatch.setattr(comm.metadata, "version", lambda name: "0.7.2")
+    monkeypatch.setattr(facts.metadata, "version", lambda name: "0.7.2")
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path))
     monkeypatch.setenv(comm.JIT_TIMEOUT_ENV, "700")
     comm.AllreduceFusion().run(context([gpu(0, "NVIDIA H200", "9.0"), gpu(1, "NVIDIA H200", "9.0")], timeout=120))

@@ -6,11 +6,13 @@ import os
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from sm120check.doctor import facts
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.nvml_api import Gpu, NvmlInfo
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "doctor"
 SRC = Path(__file__).resolve().parents[3] / "python" / "sm120check" / "src"
@@ -18,6 +20,33 @@ SRC = Path(__file__).resolve().parents[3] / "python" / "sm120check" / "src"
 
 def fixture(name: str) -> str:
     return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def gpu(
+    index: int,
+    name: str = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+    cc: tuple[int, int] = (12, 0),
+    persistence: bool | None = True,
+) -> Gpu:
+    return Gpu(index, name, cc, persistence, f"00000000:{index + 1:02x}:00.0")
+
+
+def facts_for(
+    gpus: tuple[Gpu, ...] | None = None,
+    *,
+    nvml_error: str = "",
+    driver: str = "580.95.05",
+    **fields: Any,
+) -> facts.NodeFacts:
+    """Node facts for a test: these GPUs as NVML listed them (None with `nvml_error`: NVML did not load; None
+    alone: NVML not asked), the other fields (toolkit_home, venv, distributions, flashinfer, manifest) as given,
+    else the local ones of the interpreter running the tests."""
+    nvml = None
+    if gpus is not None:
+        nvml = facts.NvmlFacts(NvmlInfo(driver, 13000, tuple(gpus), "ctypes"))
+    elif nvml_error:
+        nvml = facts.NvmlFacts(error=nvml_error)
+    return replace(facts.local(fields.get("manifest")), nvml_read=nvml, **fields)
 
 
 @dataclass

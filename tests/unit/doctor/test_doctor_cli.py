@@ -64,7 +64,7 @@ def test_junit_and_prometheus_files_are_written(tmp_path: Path) -> None:
     manifest = write_manifest(tmp_path)
     doctor("--level", "1", "--manifest", str(manifest), "--junit", str(junit), "--prometheus", str(prom))
     assert ET.parse(junit).getroot().find("testsuite") is not None
-    assert 'sm120check_check_status{check="platform",family="platform",status="pass"} 1' in prom.read_text()
+    assert 'sm120check_check_status{check="platform",family="preflight",status="pass"} 1' in prom.read_text()
 
 
 @pytest.mark.timeout(120)  # a guard against a hang, not a speed target: timed_out below says the timeout worked

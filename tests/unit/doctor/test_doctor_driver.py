@@ -66,8 +66,6 @@ def test_missing_uvm_node_warns_and_missing_ctl_fails() -> None:
 
 
 def test_persistence_off_on_one_gpu_warns_naming_it() -> None:
-    from sm120check.doctor.checks.driver import gpu_rows
-
-    result = persistence_verdict(gpu_rows(H200))
+    result = persistence_verdict(H200.gpus)
     assert result.status is Status.WARN and result.summary == "persistence mode is off on GPU 1"
     assert "nvidia-smi -pm 1" in result.remedy

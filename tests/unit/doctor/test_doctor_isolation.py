@@ -27,6 +27,7 @@ from sm120check.doctor.checks.driver import nvml_answer, nvml_probe_verdict
 from sm120check.doctor.checks.nvrtc import nvrtc_probe_verdict
 from sm120check.doctor.child import ChildOutcome, run_command
 from sm120check.doctor.model import Status
+from sm120check.doctor.payloads.nvml_info import NvmlAnswer
 
 GUARD = 60  # seconds: the test's own limit for a doctor run that must end within --timeout (a few s) or at once
 HAS_CC = shutil.which("cc") is not None or shutil.which("gcc") is not None
@@ -175,7 +176,7 @@ def test_nvml_probe_verdicts_are_pure_and_name_what_happened() -> None:
 
 def test_nvml_and_nvrtc_answers_survive_the_json_round_trip() -> None:
     info = nvml_api.NvmlInfo("580.159.04", 13000, (nvml_api.Gpu(0, "NVIDIA H200", (9, 0), None, "0000:01:00.0"),), "x")
-    assert nvml_answer(json.loads(json.dumps({"info": nvml_api.to_dict(info)}))) == (info, "")
+    assert nvml_answer(json.loads(json.dumps(NvmlAnswer(info).to_json()))) == (info, "")
     assert nvml_answer({"error": "libnvidia-ml.so.1 does not load"}) == (None, "libnvidia-ml.so.1 does not load")
     answer = nvrtc_api.answer_from(
         {"path": "/l/libnvrtc.so.13", "version": [13, 0], "archs": [90, 120], "compiled": [

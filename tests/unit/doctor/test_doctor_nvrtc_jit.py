@@ -15,6 +15,7 @@ from sm120check.doctor.checks.jit import jit_verdict
 from sm120check.doctor.checks.nvrtc import nvrtc_verdict
 from sm120check.doctor.model import Status
 from sm120check.doctor.nvrtc_api import Compiled
+from sm120check.doctor.payloads.jit_launch import JitLaunch, LaunchRow
 
 ARCHS_13_0 = [75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121]  # nvrtcGetSupportedArchs of NVRTC 13.0.88
 
@@ -64,7 +65,7 @@ def test_missing_builtins_error_points_at_the_loader_path_fix() -> None:
 
 def test_gpu_launch_mismatch_fails_naming_the_gpu() -> None:
     ok = [Compiled(a, True, 0, b"x" * 5792) for a in ("sm_120", "sm_120a", "sm_120f")]
-    launch = {"gpus": [{"gpu": 0, "name": "NVIDIA H200", "arch": "sm_90", "ok": False, "mismatches": 3}]}
+    launch = JitLaunch("/usr/lib/libnvrtc.so.13", (LaunchRow(0, "NVIDIA H200", "9.0", "sm_90", False, mismatches=3),))
     result = jit_verdict(ok, launch, "")
     assert result.status is Status.FAIL and "GPU 0 (sm_90): 3 wrong elements" in result.details
 

@@ -27,7 +27,7 @@ RESULTS = [
         family="nvrtc",
         level=1,
     ),
-    Result("driver", Status.SKIP, "no NVIDIA driver", remedy="install a driver", family="driver", level=1),
+    Result("driver", Status.SKIP, "no NVIDIA driver", remedy="install a driver", family="preflight", level=1),
     Result(
         "sm120_jit",
         Status.FAIL,
@@ -35,10 +35,10 @@ RESULTS = [
         details='log "quoted"\nline2',
         remedy="ldconfig",
         data={"sm_120_ms": 51.0, "ok": False, "gpus": [{"gpu": 0}]},
-        family="jit",
+        family="cuda_toolkit",
         level=2,
     ),
-    Result("env", Status.WARN, "sitecustomize shadowed", details="dead file", family="env", level=1),
+    Result("env", Status.WARN, "sitecustomize shadowed", details="dead file", family="cuda_env", level=1),
 ]
 
 
@@ -71,8 +71,8 @@ def test_junit_parses_and_maps_fail_skip_warn() -> None:
 
 def test_prometheus_status_is_one_hot_per_check() -> None:
     lines = report.to_prometheus(RESULTS, INFO).splitlines()
-    assert 'sm120check_check_status{check="sm120_jit",family="jit",status="fail"} 1' in lines
-    assert 'sm120check_check_status{check="sm120_jit",family="jit",status="pass"} 0' in lines
+    assert 'sm120check_check_status{check="sm120_jit",family="cuda_toolkit",status="fail"} 1' in lines
+    assert 'sm120check_check_status{check="sm120_jit",family="cuda_toolkit",status="pass"} 0' in lines
     assert sum(1 for line in lines if line.startswith("sm120check_check_status{")) == 4 * 4
 
 

@@ -77,8 +77,8 @@ def test_a_check_that_raises_becomes_a_fail_with_the_traceback() -> None:
 
 
 def test_results_carry_family_level_and_duration() -> None:
-    (result,) = runner.run([ToyCheck("x", level=2, family="jit")], Context())
-    assert (result.family, result.level) == ("jit", 2)
+    (result,) = runner.run([ToyCheck("x", level=2, family="cuda_toolkit")], Context())
+    assert (result.family, result.level) == ("cuda_toolkit", 2)
     assert result.seconds >= 0
 
 
@@ -260,4 +260,6 @@ def test_every_registered_check_declares_each_result_it_reads() -> None:
         scanned += bool(read)
         undeclared = read - set(check.requires) - set(check.uses)
         assert not undeclared, f"{check.id} reads {sorted(undeclared)} without declaring them"
-    assert scanned >= 8  # the scan sees the real reads (driver, torch, toolkit ...), not nothing
+    # The scan sees the real reads, not nothing: the orderings left once the GPU list, toolkit home and venv became
+    # facts (torch reads toolkit and driver, sm120_jit the driver's verdict, abi_libs what torch's process mapped).
+    assert scanned >= 3

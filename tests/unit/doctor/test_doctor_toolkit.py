@@ -5,16 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from doctor_helpers import fixture
+from doctor_helpers import facts_for, fixture
 
-from sm120check.doctor.checks.toolkit import (
-    CudaHome,
-    NvccSm120Check,
-    no_host_compiler,
-    parse_nvcc_version,
-    resolve_cuda_home,
-    toolkit_verdict,
-)
+from sm120check.doctor.checks.toolkit import NvccSm120Check, no_host_compiler, parse_nvcc_version, toolkit_verdict
+from sm120check.doctor.facts import CudaHome, resolve_cuda_home
 from sm120check.doctor.model import Context, Result, Status
 
 VERSION = (0, fixture("nvcc-version-13.0.88.txt"))
@@ -88,8 +82,8 @@ def test_missing_nvcc_fails_with_the_path_tried() -> None:
 
 @pytest.mark.skipif(not Path("/usr/local/cuda/bin/nvcc").exists(), reason="no /usr/local/cuda/bin/nvcc here")
 def test_real_nvcc_builds_an_sm_120_cubin() -> None:
-    ctx = Context()
-    ctx.results["toolkit"] = Result("toolkit", Status.PASS, "", data={"cuda_home": "/usr/local/cuda"})
+    ctx = Context(facts=facts_for(toolkit_home=CudaHome("/usr/local/cuda", "CUDA_HOME")))
+    ctx.results["toolkit"] = Result("toolkit", Status.PASS, "")
     result = NvccSm120Check().run(ctx)
     assert result.status is Status.PASS, result.details
     assert int(str(result.data["cubin_bytes"])) > 1000

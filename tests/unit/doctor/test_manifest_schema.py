@@ -27,11 +27,14 @@ import yaml
 
 from lab.stand_ins import nccl_stand_in_venv
 from sm120check import __version__, manifest
-from sm120check.doctor import child, loader, nvrtc_api, stackenv
+from sm120check.doctor import child, facts, loader, nvrtc_api
 from sm120check.doctor.checks import abi, driver, env, stack, toolkit, torch
 from sm120check.doctor.checks import nvrtc as nvrtc_checks
 from sm120check.doctor.checks import platform as platform_checks
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.nvml_api import Gpu, NvmlInfo
+from sm120check.doctor.payloads.nvml_info import NvmlAnswer
+from sm120check.doctor.payloads.torch_info import TorchInfo
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -333,15 +336,15 @@ def node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     monkeypatch.setattr(nvrtc_api, "probe", lambda timeout, compile_for=(): nvrtc_api.ProbeAnswer(opened=opened))
     monkeypatch.setattr(loader, "same_file", lambda a, b: os.path.normpath(a) == os.path.normpath(b))
     monkeypatch.setattr(loader, "ldconfig_cache", lambda: {})
-    real_installed = stackenv.installed
+    real_installed = facts.distributions
 
     def installed(venv: Path) -> dict[str, str]:
         return {**real_installed(venv), "torch": "2.14.1"} if "torch" in os.environ.get("_STANDIN", "") else {}
 
-    monkeypatch.setattr(torch.stackenv, "installed", installed)
-    torch_info = {"version": "2.14.1", "cuda": "13.0", "nccl": "2.30.7", "arch_list": ["sm_120"]}
-    gpu = {"index": 0, "name": "NVIDIA RTX PRO 6000", "cc": [12, 0], "persistence": True}
-    nvml = {"info": {"driver": "580.95.05", "cuda_driver": 13000, "gpus": [gpu], "backend": "ctypes"}}
+    monkeypatch.setattr(facts, "distributions", installed)  # the stack venv's facts, read by Context()
+    torch_info = TorchInfo(True, version="2.14.1", cuda="13.0", nccl="2.30.7", arch_list=("sm_120",)).to_json()
+    gpu = Gpu(0, "NVIDIA RTX PRO 6000", (12, 0), True, "00000000:01:00.0")
+    nvml = NvmlAnswer(NvmlInfo("580.95.05", 13000, (gpu,), "ctypes")).to_json()
 
     def run_probe(probe: str, *args: Any, **kwargs: Any) -> child.ChildOutcome:
         return child.ChildOutcome(ok=True, data=torch_info if probe == torch.PROBE else nvml)

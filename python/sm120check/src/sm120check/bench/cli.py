@@ -18,6 +18,7 @@ from typing import Any
 from sm120check import __version__
 from sm120check.bench.apis import Api, RequestSpec
 from sm120check.bench.arrivals import Arrivals
+from sm120check.bench.closedloop import LevelPlan, run_level, summarize
 from sm120check.bench.datasets import FORMATS, DatasetError, load_dataset, parse_categories
 from sm120check.bench.engines import (
     ServerFacts,
@@ -33,7 +34,7 @@ from sm120check.bench.metrics import Scrape, SpecFamily, family_for, spec_delta
 from sm120check.bench.openloop import HARD_MAX_IN_FLIGHT, OpenLoopStats, RatePlan, peak_in_flight, run_rate_level
 from sm120check.bench.prompts import load_prompt_file, synthetic_prompts, unique_prompt
 from sm120check.bench.records import LevelSummary, append_jsonl, seed_table
-from sm120check.bench.runner import LevelPlan, run_level, summarize
+from sm120check.exitcodes import Exit
 
 DEFAULT_LEVELS = "1,2,5,10,30,70,100,250"
 API_KEY_ENV = "OPENAI_API_KEY"
@@ -266,7 +267,7 @@ def handle(args: argparse.Namespace) -> int:
         usage = "--category selects rows of a --dataset file: give --dataset too"
     if usage:
         print(f"sm120check bench: {usage}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     if isinstance(concurrency, str):
         concurrency = parse_levels(concurrency)
     levels: list[int] = concurrency or parse_levels(DEFAULT_LEVELS)
@@ -280,10 +281,10 @@ def handle(args: argparse.Namespace) -> int:
             prompts = [p.text for p in dataset.sample(len(dataset.prompts), args.seed)]
     except ValueError as exc:  # DatasetError is a ValueError
         print(f"sm120check bench: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     if args.warmup < 0:
         print(f"sm120check bench: --warmup {args.warmup} must be 0 or more", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     if has_credentials(args.url):
         print(
             f"sm120check bench: warning: the user and password in --url are not sent and not recorded "
@@ -292,21 +293,21 @@ def handle(args: argparse.Namespace) -> int:
         )
     if args.out is not None and (problem := _out_problem(args.out)):
         print(f"sm120check bench: --out {args.out}: {problem}; nothing was sent to the server", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    code, kept = 0, bool(args.out)
+    code, kept = Exit.OK, bool(args.out)
     summaries: list[LevelSummary] = []
     try:
         asyncio.run(_sweep(args, endpoint, levels, prompts, api_key, summaries))
     except HttpError as exc:
         print(f"sm120check bench: {exc}\n  is the server up? check {endpoint}/health", file=sys.stderr)
-        code = 1
+        code = Exit.FOUND
     except ApiMismatch as exc:
         print(f"sm120check bench: {exc}; nothing was sent to the server", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     except SweepError as exc:
         print(f"sm120check bench: {exc}", file=sys.stderr)
-        code, kept = 1, kept and exc.records_kept
+        code, kept = Exit.FOUND, kept and exc.records_kept
     if code and summaries:
         kept_where = f"; their records are in {args.out}" if kept else ""
         print(f"sm120check bench: {len(summaries)} level(s) finished before it stopped{kept_where}", file=sys.stderr)
@@ -320,7 +321,7 @@ def handle(args: argparse.Namespace) -> int:
     failed = sum(s.errors for s in summaries)
     if failed:
         print(f"sm120check bench: {failed} requests failed; see error_samples in the records", file=sys.stderr)
-    return 1 if failed or code else 0
+    return Exit.FOUND if failed or code else Exit.OK
 
 
 def _out_problem(path: Path) -> str:

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sm120check.bench.goodput import Goodput, GoodputError
+from sm120check.bench.percentiles import mean_std
 from sm120check.bench.records import LevelSummary, RecordError
-from sm120check.bench.stats import mean_std
 
 Curve = dict[int, LevelSummary]  # concurrency -> one run's level record
 

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from sm120check.bench.crossover import METRICS, X_AXES, Analysis, analyze, analyze_mode
+from sm120check.bench.crossover_report import render_json, render_text
 from sm120check.bench.plot import PlotUnavailable, write_png
 from sm120check.bench.policy import (
     ALL_POLICY_FILES,
@@ -35,7 +36,7 @@ from sm120check.bench.policy import (
     vllm_file,
 )
 from sm120check.bench.records import RecordError, read_jsonl
-from sm120check.bench.report import render_json, render_text
+from sm120check.exitcodes import Exit
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -136,7 +137,7 @@ def handle(args: argparse.Namespace) -> int:
     names = (str(args.base), str(args.spec))
     if problem := output_problem(args):
         print(f"sm120check crossover: {problem}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     x_axis, metric = getattr(args, "x", "concurrency"), getattr(args, "metric", "throughput")
     if (x_axis, metric) != ("concurrency", "throughput"):
         if args.png or args.write_policies:
@@ -145,19 +146,19 @@ def handle(args: argparse.Namespace) -> int:
                 "concurrency (the policies act on batch size); drop them or --x/--metric",
                 file=sys.stderr,
             )
-            return 2
+            return Exit.USAGE
         try:
             mode = analyze_mode(read_jsonl(args.base), read_jsonl(args.spec), names, x_axis, metric)
         except RecordError as exc:
             print(f"sm120check crossover: {exc}", file=sys.stderr)
-            return 2
+            return Exit.USAGE
         print(json.dumps(mode.to_json(), indent=2) if args.format == "json" else mode.render_text(names))
-        return 0
+        return Exit.OK
     try:
         analysis = analyze(read_jsonl(args.base), read_jsonl(args.spec), names)
     except RecordError as exc:
         print(f"sm120check crossover: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     policies: Policies | None = None
     reason = ""
     try:
@@ -173,7 +174,7 @@ def handle(args: argparse.Namespace) -> int:
         reason = str(exc).removeprefix("no policy: ")
     render = render_json if args.format == "json" else render_text
     print(render(analysis, names, policies, reason))
-    status = 0
+    status = Exit.OK
     if args.write_policies:
         status = max(status, _write_policies(args.write_policies, policies, reason, analysis.crossover.value))
     if args.png:
@@ -181,34 +182,34 @@ def handle(args: argparse.Namespace) -> int:
     return status
 
 
-def _write_policies(directory: Path, policies: Policies | None, reason: str, crossover: float | None) -> int:
+def _write_policies(directory: Path, policies: Policies | None, reason: str, crossover: float | None) -> Exit:
     where = f"--write-policies {directory}"
     if policies is None:
         if crossover is None:  # no crossover in range is a result, not an error: nothing to write
             print(f"sm120check crossover: {where}: no policy files written ({reason})", file=sys.stderr)
-            return 0
+            return Exit.OK
         print(f"sm120check crossover: {where}: no policy files written: {reason}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     try:
         written = write_policy_files(directory, policies)
     except OSError as exc:
         print(f"sm120check crossover: {where}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     print(f"policy files written to {directory}: {', '.join(written)}", file=sys.stderr)
-    return 0
+    return Exit.OK
 
 
-def _write_png(analysis: Analysis, png: Path, names: tuple[str, str]) -> int:
+def _write_png(analysis: Analysis, png: Path, names: tuple[str, str]) -> Exit:
     try:
         write_png(analysis, png, names)
     except PlotUnavailable as exc:
         print(f"sm120check crossover: {exc}; everything else was done, only the plot is missing", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     except OSError as exc:
         print(f"sm120check crossover: --png {png}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     print(f"plot written to {png}", file=sys.stderr)
-    return 0
+    return Exit.OK
 
 
 def write_policy_files(directory: Path, policies: Policies) -> list[str]:

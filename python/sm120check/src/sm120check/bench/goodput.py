@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # records.py imports this module for its `goodput` field; runner.py imports records.py
-    from sm120check.bench.runner import RequestRecord
+if TYPE_CHECKING:  # records.py imports this module for its `goodput` field; closedloop.py imports records.py
+    from sm120check.bench.closedloop import RequestRecord
 
 SLO_KEYS = ("ttft", "tpot", "e2e")
 _SLO_HELP = "give e.g. --slo ttft=0.5,tpot=0.05,e2e=10 (seconds; any subset of ttft, tpot, e2e)"

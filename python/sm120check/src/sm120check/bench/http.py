@@ -208,13 +208,6 @@ class Connection:
             headers["connection"] = "close"
         return Response(self, int(parts[1]), parts[2] if len(parts) > 2 else "", headers)
 
-    async def get_json(self, path: str) -> object:
-        response = await self.request("GET", path)
-        if response.status != 200:
-            await response.read()
-            raise HttpError(f"GET {path}: HTTP {response.status} {response.reason}")
-        return await response.json()
-
     async def close(self) -> None:
         writer, self.reader, self.writer = self.writer, None, None
         if writer is not None:

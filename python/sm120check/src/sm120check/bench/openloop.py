@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 
 from sm120check.bench.apis import Api, RequestSpec
 from sm120check.bench.arrivals import MAX_ARRIVALS, Arrivals, realized_rate
+from sm120check.bench.closedloop import RequestRecord, one_request
 from sm120check.bench.http import Connection, Endpoint
-from sm120check.bench.runner import RequestRecord, one_request
 
 HARD_MAX_IN_FLIGHT = 4096  # as bench's MAX_CONCURRENCY: each in-flight request is one connection and one task
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sm120check.bench.goodput import Goodput, GoodputError
-from sm120check.bench.stats import Dist
+from sm120check.bench.percentiles import Dist
 
 SCHEMA = "sm120check.bench/1"
 _OPTIONAL_FLOATS = ("throughput_halves_rel_diff", "window_lifetimes", "cached_prompt_fraction")
@@ -103,7 +103,7 @@ class LevelSummary:
     cached_prompt_fraction: float | None = None  # prompt tokens the server's cache served / prompt tokens
     accept_hist: tuple[tuple[float, int], ...] = ()  # (lower edge, requests): tokens per verify step, bins of 0.5
     per_request: tuple[RequestRow, ...] = ()
-    mode: str = "closed"  # "closed": C workers (runner.py); "open": arrivals at request_rate (openloop.py)
+    mode: str = "closed"  # "closed": C workers (closedloop.py); "open": arrivals at request_rate (openloop.py)
     request_rate: float | None = None  # offered requests/s of an open-loop level; math.inf: all at once
     burstiness: float | None = None  # gamma shape of the arrival gaps; 1: Poisson
     goodput: Goodput | None = None  # against --slo; None without it

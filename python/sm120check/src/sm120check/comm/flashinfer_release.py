@@ -8,9 +8,10 @@ boxes lack; `PcieIpcAllReduceWorkspace` (a PCIe allreduce without an architectur
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from sm120check import versions
 
 Version = tuple[int, int, int]
 
@@ -19,19 +20,17 @@ PCIE_IPC_FROM: Version = (0, 7, 0)
 MULTICAST_REQUIRED_UNTIL: Version = (0, 6, 9)
 ARCH_GATE_ERROR = "No supported CUDA architectures found for major versions"
 
-_VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
-
 
 def parse_version(text: str) -> Version:
     """Release triple of a FlashInfer version string ("0.7.2", "0.6.17+cu130", "0.7.0rc1" -> (0, 7, 0)).
 
     Pre-release and local parts are ignored: the gate is about which release line the kernels landed in.
     """
-    match = _VERSION.match(text)
-    if not match:
+    release = versions.parse_or_none(text) or ()
+    if len(release) < 2:
         raise ValueError(f"FlashInfer version {text!r} is not of the form MAJOR.MINOR[.PATCH] (e.g. 0.7.2)")
-    major, minor, patch = match.groups()
-    return int(major), int(minor), int(patch or 0)
+    major, minor, patch = (*release, 0)[:3]
+    return major, minor, patch
 
 
 def format_version(version: Version) -> str:

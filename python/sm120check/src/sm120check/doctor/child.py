@@ -97,11 +97,6 @@ def stopping() -> bool:
     return _CHILDREN.stopping
 
 
-def live_groups() -> list[int]:
-    with _CHILDREN.lock:
-        return sorted(_CHILDREN.groups)
-
-
 @contextlib.contextmanager
 def _spawned(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Popen[str] | None]:
     """Start `cmd` in its own session, registered for kill_all(); None when the doctor is stopping.

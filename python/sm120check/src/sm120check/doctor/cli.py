@@ -16,11 +16,10 @@ import time
 from pathlib import Path
 
 from sm120check import __version__, manifest
-from sm120check.doctor import child, report, runner
+from sm120check.doctor import child, facts, report, runner
 from sm120check.doctor.checks import all_checks
 from sm120check.doctor.model import Check, Context
-
-EXIT_USAGE = 2
+from sm120check.exitcodes import Exit
 
 
 def seconds(text: str) -> float:
@@ -80,7 +79,7 @@ def _ids(text: str) -> list[str]:
 
 def _usage(message: str) -> int:
     print(f"sm120check doctor: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    return Exit.USAGE
 
 
 def describe(check: Check) -> str:
@@ -90,18 +89,21 @@ def describe(check: Check) -> str:
 
 def list_checks(checks: list[Check]) -> str:
     width = max([len(c.id) for c in checks] + [5])
-    lines = [f"{'CHECK'.ljust(width)}  LEVEL  FAMILY      REQUIRES          USES              DESCRIPTION"]
-    for check in sorted(checks, key=lambda c: c.level):  # stable: family order inside a level
+    family = max([len(c.family) for c in checks] + [6])
+    header = f"{'CHECK'.ljust(width)}  LEVEL  {'FAMILY'.ljust(family)}  REQUIRES          USES              DESCRIPTION"
+    lines = [header]
+    for check in sorted(checks, key=lambda c: c.level):  # stable: registry order inside a level
         needs, uses = ",".join(check.requires) or "-", ",".join(check.uses) or "-"
         lines.append(
-            f"{check.id.ljust(width)}  {check.level:<5}  {check.family:<10}  {needs:<16}  {uses:<16}  {describe(check)}"
+            f"{check.id.ljust(width)}  {check.level:<5}  {check.family.ljust(family)}  {needs:<16}  {uses:<16}  "
+            f"{describe(check)}"
         )
     return "\n".join(lines) + "\n"
 
 
 def build_context(args: argparse.Namespace) -> Context:
     """Read the manifest; an explicit --manifest that cannot be read is a usage error (ValueError)."""
-    ctx = Context(timeout=args.timeout, jit_timeout=args.jit_timeout)
+    ctx = Context(timeout=args.timeout, jit_timeout=args.jit_timeout, facts=facts.NodeFacts())
     if args.gpus:
         try:
             ctx.gpus = tuple(int(part) for part in _ids(args.gpus))
@@ -114,6 +116,7 @@ def build_context(args: argparse.Namespace) -> Context:
         if path is not None:
             raise ValueError(f"--manifest: {exc}") from None
         ctx.manifest_error, ctx.manifest_error_kind = str(exc), exc.kind
+    ctx.facts = facts.local(ctx.manifest)
     return ctx
 
 
@@ -125,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
     checks = all_checks()
     if args.list:
         sys.stdout.write(list_checks(checks))
-        return 0
+        return Exit.OK
     try:
         chosen = runner.plan(checks, level=args.level, select=_ids(args.select), skip=_ids(args.skip))
         ctx = build_context(args)
@@ -141,7 +144,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         return _run(args, chosen, ctx)
     except (runner.Stopped, KeyboardInterrupt) as exc:  # outside the checks: nothing ran, or nothing to report
-        return 128 + (exc.signum if isinstance(exc, runner.Stopped) else int(signal.SIGINT))
+        return Exit.signalled(exc.signum) if isinstance(exc, runner.Stopped) else Exit.INTERRUPTED
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -155,6 +158,8 @@ def _run(args: argparse.Namespace, chosen: list[Check], ctx: Context) -> int:
     start = time.monotonic()
     signum = 0
     try:
+        # NVML is asked once, for every check, when the driver check (which judges its answer) is in the run.
+        ctx.facts = facts.gather(ctx.facts, timeout=ctx.timeout, nvml=any(c.id == "driver" for c in chosen))
         results = runner.run(chosen, ctx)
     except runner.Interrupted as stopped:  # Ctrl-C or SIGTERM: the children are dead; report what finished
         results, signum = stopped.results, stopped.signum
@@ -176,7 +181,7 @@ def _run(args: argparse.Namespace, chosen: list[Check], ctx: Context) -> int:
             _write(args.prometheus, report.to_prometheus(results, info))
     except OSError as exc:
         print(f"sm120check doctor: cannot write report {exc.filename}: {exc.strerror}", file=sys.stderr)
-        code = EXIT_USAGE
+        code = Exit.USAGE
     if problem := report.write_stdout(report.to_json(results, info) if args.json else report.table(results, info)):
         print(f"sm120check doctor: {problem}", file=sys.stderr)
     if signum:
@@ -187,7 +192,7 @@ def _run(args: argparse.Namespace, chosen: list[Check], ctx: Context) -> int:
                 stream.flush()
         # Not a return: a check still running in-process (not in a child) would keep the interpreter's exit
         # waiting for its worker thread; every child process group is already killed.
-        os._exit(128 + signum)
+        os._exit(Exit.signalled(signum))
     return code
 
 

@@ -7,6 +7,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from sm120check.doctor.facts import NodeFacts, local
+
 if TYPE_CHECKING:
     from sm120check.manifest import ErrorKind, Manifest
 
@@ -58,13 +60,20 @@ class DeclaredResults(Mapping[str, "Result"]):
         return sum(1 for i in self._allowed if i in self._results)
 
 
+_LOCAL_FACTS = NodeFacts()  # the default: Context() reads the local facts of its manifest (see __post_init__)
+
+
 @dataclass
 class Context:
-    """What every check may read: the manifest (or why it is missing), options, earlier results.
+    """What every check may read: the manifest (or why it is missing), the node's facts, options, earlier results.
 
-    `results` holds the results of checks that already ran, so a check can use a prerequisite's
-    measured data (for example the GPU list of `driver`) instead of measuring again. A running check sees only
-    the results it declared (`requires`, `uses`): the runner waits for exactly those.
+    `facts` are the inputs several checks share (GPUs, toolkit home, stack venv, FlashInfer), gathered once by the
+    CLI before the checks (`facts.gather`). A Context built without them (tests, API callers) reads the local
+    facts of its manifest at construction, without NVML: the driver check then asks NVML itself.
+
+    `results` holds the results of checks that already ran, for the orderings that remain (the ABI check reads
+    the libraries torch's process mapped). A running check sees only the results it declared (`requires`,
+    `uses`): the runner waits for exactly those.
     """
 
     manifest: Manifest | None = None
@@ -74,6 +83,11 @@ class Context:
     jit_timeout: float | None = None  # limit for a child that must JIT-compile first (None: check's default)
     gpus: tuple[int, ...] | None = None  # restrict multi-GPU checks to these indices
     results: Mapping[str, Result] = field(default_factory=dict)
+    facts: NodeFacts = _LOCAL_FACTS
+
+    def __post_init__(self) -> None:
+        if self.facts is _LOCAL_FACTS:
+            self.facts = local(self.manifest)
 
 
 class Check(Protocol):

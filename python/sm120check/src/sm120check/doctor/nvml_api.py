@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sm120check.doctor import loader
@@ -57,25 +57,6 @@ def read(step: Callable[[str], None] = _quiet) -> NvmlInfo:
     except ImportError:
         return _read_ctypes(step)
     return _read_pynvml(pynvml, step)
-
-
-def to_dict(info: NvmlInfo) -> dict[str, object]:
-    return asdict(info)
-
-
-def from_dict(data: Mapping[str, Any]) -> NvmlInfo:
-    """The inverse of to_dict, from a probe's JSON; KeyError/TypeError/ValueError when it is malformed."""
-    gpus = tuple(
-        Gpu(
-            int(g["index"]),
-            str(g["name"]),
-            (int(g["cc"][0]), int(g["cc"][1])),
-            None if g.get("persistence") is None else bool(g["persistence"]),
-            str(g.get("bus_id", "")),
-        )
-        for g in data["gpus"]
-    )
-    return NvmlInfo(str(data["driver"]), int(data["cuda_driver"]), gpus, str(data["backend"]))
 
 
 def _text(value: object) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sm120check.doctor import child, loader
+from sm120check.doctor.payloads import Fields, PayloadError
 
 SONAME = "libnvrtc.so.13"
 
@@ -146,32 +147,80 @@ class ProbeAnswer:
     extra: Mapping[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class NvrtcInfo:
+    """The answer of probes/nvrtc_info.py (its payload type, here beside the ctypes reader both sides import):
+    `open_error` when the soname does not resolve; else the file, its version and architectures (`version_error`
+    when asking them failed) and the test kernel compiled for each asked architecture."""
+
+    open_error: str = ""
+    path: str = ""
+    version: tuple[int, int] | None = None
+    archs: tuple[int, ...] = ()
+    version_error: str = ""
+    compiled: tuple[Compiled, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        if self.open_error:
+            return {"open_error": self.open_error}
+        out: dict[str, object] = {"path": self.path}
+        if self.version is not None:
+            out["version"] = list(self.version)
+        if self.version_error:
+            out["version_error"] = self.version_error
+        else:
+            out["archs"] = list(self.archs)
+        if self.compiled:
+            out["compiled"] = [
+                {
+                    "arch": c.arch,
+                    "ok": c.ok,
+                    "code": c.code,
+                    "cubin": base64.b64encode(c.cubin).decode(),
+                    "log": c.log[-4000:],
+                    "seconds": c.seconds,
+                }
+                for c in self.compiled
+            ]
+        return out
+
+    @classmethod
+    def from_json(cls, data: object) -> NvrtcInfo:
+        f = Fields("nvrtc_info", data)
+        if f.has("open_error"):
+            return cls(open_error=f.text("open_error"))
+        version = f.integers("version") if f.has("version") else None
+        if version is not None and len(version) != 2:
+            raise PayloadError("nvrtc_info", "version", f"expected [major, minor], got {list(version)}")
+        compiled = tuple(
+            Compiled(c.text("arch"), c.flag("ok"), c.integer("code"), _cubin(c), c.text("log"), c.number("seconds"))
+            for c in (f.objects("compiled") if f.has("compiled") else ())
+        )
+        return cls(
+            path=f.text("path"),
+            version=(version[0], version[1]) if version is not None else None,
+            archs=f.integers("archs") if f.has("archs") else (),
+            version_error=f.maybe_text("version_error") or "",
+            compiled=compiled,
+        )
+
+
+def _cubin(c: Fields) -> bytes:
+    try:
+        return base64.b64decode(c.text("cubin"), validate=True)
+    except ValueError as exc:
+        raise PayloadError("nvrtc_info", c.at("cubin"), f"not base64 ({exc})") from None
+
+
 def answer_from(data: Mapping[str, object]) -> ProbeAnswer:
     """The probe's JSON -> ProbeAnswer (pure; a malformed answer is a problem, not an exception)."""
-    if "open_error" in data:
-        return ProbeAnswer(open_error=str(data["open_error"]))
     try:
-        version = data.get("version")
-        compiled = tuple(
-            Compiled(
-                str(c["arch"]),
-                bool(c["ok"]),
-                int(c["code"]),
-                base64.b64decode(str(c.get("cubin", ""))),
-                str(c.get("log", "")),
-                float(c.get("seconds", 0.0)),
-            )
-            for c in data.get("compiled", []) or []  # type: ignore[attr-defined]
-        )
-        opened = Opened(
-            str(data.get("path") or ""),
-            (int(version[0]), int(version[1])) if isinstance(version, list) else None,  # type: ignore[call-overload]
-            tuple(int(a) for a in data.get("archs", []) or []),  # type: ignore[attr-defined]
-            compiled,
-        )
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        return ProbeAnswer(problem=f"printed a malformed answer ({exc!r})")
-    return ProbeAnswer(opened=opened)
+        info = NvrtcInfo.from_json(data)
+    except PayloadError as exc:
+        return ProbeAnswer(problem=f"printed a malformed answer ({exc})")
+    if info.open_error:
+        return ProbeAnswer(open_error=info.open_error)
+    return ProbeAnswer(opened=Opened(info.path, info.version, info.archs, info.compiled))
 
 
 def probe(timeout: float, compile_for: Sequence[str] = ()) -> ProbeAnswer:

@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sm120check.doctor import document
 from sm120check.doctor.model import Result, Status
 from sm120check.safetext import xml_text
 
-JSON_SCHEMA = 1  # bump when a field changes meaning or disappears; adding fields keeps it
+JSON_SCHEMA = document.JSON_SCHEMA  # bump it there: a field changes meaning or disappears (adding one keeps it)
 
 
 @dataclass(frozen=True)
@@ -72,36 +73,23 @@ def table(results: Sequence[Result], info: RunInfo) -> str:
 
 
 def result_dict(result: Result) -> dict[str, object]:
-    return {
-        "id": result.id,
-        "family": result.family,
-        "level": result.level,
-        "status": result.status.value,
-        "summary": result.summary,
-        "details": result.details,
-        "remedy": result.remedy,
-        "data": dict(result.data),
-        "seconds": round(result.seconds, 4),
-    }
+    return document.ReportResult.of(result).to_json()
 
 
 def to_json(results: Sequence[Result], info: RunInfo) -> str:
-    """Stable JSON: schema, tool, version, host, started, seconds, level, manifest, results, summary."""
-    document = {
-        "schema": JSON_SCHEMA,
-        "tool": "sm120check doctor",
-        "version": info.version,
-        "host": info.host,
-        "started": info.started,
-        "seconds": round(info.seconds, 4),
-        "level": info.level,
-        "manifest": info.manifest or None,
-        "results": [result_dict(r) for r in results],
-        "summary": counts(results),
-    }
-    if info.interrupted:  # only then: a finished run's document is unchanged
-        document["interrupted"] = {"signal": info.interrupted, "unfinished": unfinished(results)}
-    return json.dumps(document, indent=2, default=str) + "\n"
+    """Stable JSON, the typed DoctorReport (doctor/document.py): schema, tool, version, host, started, seconds,
+    level, manifest, results, summary (and interrupted, when the run was stopped)."""
+    report = document.build(
+        results,
+        version=info.version,
+        host=info.host,
+        started=info.started,
+        seconds=info.seconds,
+        level=info.level,
+        manifest=info.manifest,
+        interrupted=info.interrupted,
+    )
+    return json.dumps(report.to_json(), indent=2, default=str) + "\n"
 
 
 def to_junit(results: Sequence[Result], info: RunInfo) -> str:

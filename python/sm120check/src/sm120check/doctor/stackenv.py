@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from importlib import metadata
 from pathlib import Path
 
-from sm120check.doctor import remedies
+from sm120check.doctor import facts, remedies
 from sm120check.doctor.model import Context, Result, Status
 
 
 def prefix(ctx: Context) -> Path:
-    if ctx.manifest is not None and ctx.manifest.venv:
-        return Path(ctx.manifest.venv)
-    return Path(sys.prefix)
+    """The stack venv the checks judge (a fact: facts.venv_of)."""
+    return ctx.facts.venv
 
 
 def missing_venv(ctx: Context, check_id: str) -> Result | None:
@@ -35,16 +33,11 @@ def missing_venv(ctx: Context, check_id: str) -> Result | None:
 
 def python(ctx: Context) -> Path:
     """The stack venv's interpreter (the running one when the venv is the doctor's own)."""
-    venv = prefix(ctx)
-    if venv.resolve() == Path(sys.prefix).resolve():
-        return Path(sys.executable)
-    return venv / "bin" / "python"
+    return ctx.facts.venv_python
 
 
 def site_packages(venv: Path) -> list[Path]:
-    if venv.resolve() == Path(sys.prefix).resolve():
-        return [Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
-    return sorted(p for p in venv.glob("lib/python3*/site-packages") if p.is_dir())
+    return facts.site_packages(venv)
 
 
 def probe_env() -> dict[str, str]:
@@ -60,7 +53,7 @@ def probe_env() -> dict[str, str]:
 
 def normalize(name: str) -> str:
     """PEP 503 name: "Flashinfer_Python" -> "flashinfer-python"."""
-    return "-".join(name.lower().replace("_", "-").replace(".", "-").split("-"))
+    return facts.normalize(name)
 
 
 def nvidia_layouts(venv: Path) -> dict[str, set[str]]:
@@ -85,11 +78,6 @@ def nvidia_layouts(venv: Path) -> dict[str, set[str]]:
 
 
 def installed(venv: Path) -> dict[str, str]:
-    """Installed distributions of the venv: normalized name -> version (first one on the path wins)."""
-    found: dict[str, str] = {}
-    paths = [str(p) for p in site_packages(venv)]
-    for dist in metadata.distributions(path=paths):
-        name = dist.metadata["Name"]
-        if name:
-            found.setdefault(normalize(name), dist.version)
-    return found
+    """Installed distributions of the venv: normalized name -> version (first one on the path wins); the checks
+    read the stack venv's once, as a fact (Context.facts.distributions)."""
+    return facts.distributions(venv)

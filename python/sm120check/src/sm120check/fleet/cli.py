@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 
 from sm120check.doctor.report import write_file, write_stdout
+from sm120check.exitcodes import Exit
 from sm120check.fleet import collect, diff, render
 from sm120check.fleet.load import FleetInputError, load
 from sm120check.fleet.model import Fleet
-
-EXIT_OK, EXIT_NOT_READY, EXIT_USAGE = 0, 1, 2
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _error(message: str) -> int:
     print(f"sm120check fleet: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    return Exit.USAGE
 
 
 def _write(path: Path, text: str) -> None:
@@ -97,7 +96,7 @@ def run_report(args: argparse.Namespace) -> int:
             return _error(problem)
     except OSError as error:
         return _error(f"cannot write {error.filename}: {error.strerror}")
-    return EXIT_OK if fleet.ok else EXIT_NOT_READY
+    return Exit.OK if fleet.ok else Exit.FOUND
 
 
 def run_collect(args: argparse.Namespace) -> int:
@@ -139,4 +138,4 @@ def run_diff(args: argparse.Namespace) -> int:
     render_diff = diff.to_json if args.json else diff.text
     if problem := write_stdout(render_diff(changes, str(args.old), str(args.new))):
         return _error(problem)
-    return EXIT_OK if changes.empty else EXIT_NOT_READY
+    return Exit.OK if changes.empty else Exit.FOUND

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import re
 import stat
 from pathlib import Path
 from typing import Any
 
-from sm120check.fleet.model import STATUSES, STUB_STATES, CheckResult, Fleet, NodeReport, NodeState, build_fleet
+from sm120check.doctor.document import DoctorReport
+from sm120check.doctor.payloads import PayloadError
+from sm120check.fleet.model import STUB_STATES, CheckResult, Fleet, NodeReport, NodeState, build_fleet
 
 NODES_DIR = "nodes"
 AGGREGATE_TOOL = "sm120check fleet"  # the `tool` of fleet.json, never a node report
@@ -105,52 +106,42 @@ def _node_from_document(host: str, document: object, source: str) -> NodeReport:
         return bad(f"not a doctor report (no results list): {_excerpt(document)}")
     if not results:
         return bad("doctor report has no check results (no check ran), so it shows nothing ready")
-    parsed: list[CheckResult] = []
+    try:
+        report = DoctorReport.from_json(document)  # the doctor's own type: a bad field is named
+    except PayloadError as error:
+        return bad(f"{error} ({_excerpt(_at(document, error.field))})")
     seen: set[str] = set()
-    for item in results:
-        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or item.get("status") not in STATUSES:
-            return bad(f"doctor report has a malformed result: {_excerpt(item)}")
-        if item["id"] in seen:
-            return bad(f"doctor report has check {_excerpt(item['id'])} more than once: not one run's report")
-        seen.add(item["id"])
-        texts = {key: item.get(key) for key in ("summary", "details", "remedy", "family")}
-        wrong = [key for key, value in texts.items() if value is not None and not isinstance(value, str)]
-        if wrong:
-            return bad(f"doctor report result {item['id']!r} has a non-string {', '.join(wrong)}: {_excerpt(item)}")
-        level = item.get("level")
-        if level is not None and not _is_int(level):
-            return bad(f"doctor report result {item['id']!r} has a level that is not an integer: {_excerpt(level)}")
-        parsed.append(
-            CheckResult(
-                id=item["id"],
-                status=item["status"],
-                summary=texts["summary"] or "",
-                details=texts["details"] or "",
-                remedy=texts["remedy"] or "",
-                level=level if isinstance(level, int) else 0,
-                family=texts["family"] or "",
-            )
-        )
-    seconds = document.get("seconds")
-    if seconds is not None and not (_is_number(seconds) and math.isfinite(seconds) and seconds >= 0):
-        return bad(f"doctor report has `seconds` that is not a non-negative number: {_excerpt(seconds)}")
-    level = document.get("level")
-    if level is not None and not _is_int(level):
-        return bad(f"doctor report has a `level` that is not an integer: {_excerpt(level)}")
-    for key in ("version", "started"):
-        if document.get(key) is not None and not isinstance(document.get(key), str):
-            return bad(f"doctor report has a `{key}` that is not a string: {_excerpt(document.get(key))}")
+    for result in report.results:
+        if result.id in seen:
+            return bad(f"doctor report has check {_excerpt(result.id)} more than once: not one run's report")
+        seen.add(result.id)
+    parsed = tuple(
+        CheckResult(r.id, r.status.value, r.summary, r.details, r.remedy, r.level, r.family) for r in report.results
+    )
     failed = any(r.status == "fail" for r in parsed)
     return NodeReport(
         host,
         NodeState.FAILED if failed else NodeState.READY,
-        tuple(parsed),
-        version=document.get("version") or "",
-        level=level,
-        started=document.get("started") or "",
-        seconds=float(seconds or 0.0),
+        parsed,
+        version=report.version,
+        level=report.level,
+        started=report.started,
+        seconds=report.seconds,
         source=source,
     )
+
+
+def _at(document: object, path: str) -> object:
+    """The value at a PayloadError's field path ("results[2].summary"), for the error's excerpt; None if absent."""
+    value = document
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+        if part.startswith("[") and isinstance(value, list) and int(part[1:-1]) < len(value):
+            value = value[int(part[1:-1])]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
+            return None
+    return value
 
 
 def read_node(path: Path, follow: bool = True) -> NodeReport:
@@ -215,14 +206,6 @@ def _is_aggregate(path: Path) -> bool:
     except (OSError, NodeDocumentError):
         return False
     return isinstance(document, dict) and document.get("tool") == AGGREGATE_TOOL and "nodes" in document
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _excerpt(value: object) -> str:

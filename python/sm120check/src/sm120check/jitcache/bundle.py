@@ -84,7 +84,7 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
-class Manifest:
+class BundleManifest:
     key: CacheKey
     context: Mapping[str, str]
     modules: Mapping[str, Mapping[str, Any]]  # name -> {"dir": ..., "seconds": ...}
@@ -157,14 +157,14 @@ def pack(
     out: Path,
     seconds: Mapping[str, float] | None = None,
     libraries_only: bool = False,
-) -> Manifest:
+) -> BundleManifest:
     """Write a bundle of these modules (already built under `cache_root` for `key`) to `out`, atomically.
 
     `libraries_only` keeps just each module's .so: enough for `install_aot`, not for FlashInfer's JIT cache (a load
     there would find no ninja state and rebuild).
     """
     files = _collect(cache_root, key, modules, libraries_only)
-    manifest = Manifest(
+    manifest = BundleManifest(
         key=key,
         context=asdict(context),
         modules={
@@ -332,7 +332,7 @@ def _parse_files(raw: object, modules: Mapping[str, Mapping[str, Any]], problems
     return tuple(files)
 
 
-def parse_manifest(raw: Mapping[str, Any], source: str) -> Manifest:
+def parse_manifest(raw: Mapping[str, Any], source: str) -> BundleManifest:
     """The one check of a manifest from elsewhere: everything later uses only what this returns."""
     if raw.get("kind") != KIND or raw.get("schema") != SCHEMA:
         raise BundleError(f"{source} is not a schema {SCHEMA} {KIND} bundle; rebuild it with this sm120check")
@@ -347,7 +347,7 @@ def parse_manifest(raw: Mapping[str, Any], source: str) -> Manifest:
         problems.append("context: not an object of at most 64 entries")
     if problems:
         raise BundleError(_refused(source, problems))
-    return Manifest(
+    return BundleManifest(
         key,
         {str(k)[:256]: str(v)[:MAX_TEXT_CHARS] for k, v in context.items()},
         modules,
@@ -375,7 +375,7 @@ def _open(bundle: Path) -> Iterator[tarfile.TarFile]:
         yield tar
 
 
-def _read_manifest(tar: tarfile.TarFile, bundle: Path) -> Manifest:
+def _read_manifest(tar: tarfile.TarFile, bundle: Path) -> BundleManifest:
     try:
         member = tar.next()
         if member is None or member.name != MANIFEST_NAME:
@@ -392,7 +392,7 @@ def _read_manifest(tar: tarfile.TarFile, bundle: Path) -> Manifest:
     return parse_manifest(raw, str(bundle))
 
 
-def read_manifest(bundle: Path) -> Manifest:
+def read_manifest(bundle: Path) -> BundleManifest:
     with _open(bundle) as tar:
         return _read_manifest(tar, bundle)
 
@@ -448,7 +448,7 @@ def _copy_bounded(src: IO[bytes], dest: Path | None, limit: int) -> tuple[str, i
 
 def _extract_verified(
     tar: tarfile.TarFile,
-    manifest: Manifest,
+    manifest: BundleManifest,
     staging: Path | None,
     keep: Callable[[FileEntry], bool] = lambda entry: True,
 ) -> list[str]:
@@ -512,7 +512,7 @@ def _extract_verified(
     return problems
 
 
-def verify(bundle: Path, expect: CacheKey | None = None, ignore: Sequence[str] = ()) -> Manifest:
+def verify(bundle: Path, expect: CacheKey | None = None, ignore: Sequence[str] = ()) -> BundleManifest:
     """Check the manifest, the key (when given) and every file's checksum, writing nothing; raise BundleError listing
     every problem."""
     with _open(bundle) as tar:
@@ -583,7 +583,9 @@ def _cache_lock(cache_root: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _install(manifest: Manifest, staged: Path, replaced: Path, cache_root: Path, stamp: Mapping[str, Any]) -> None:
+def _install(
+    manifest: BundleManifest, staged: Path, replaced: Path, cache_root: Path, stamp: Mapping[str, Any]
+) -> None:
     """Move each staged module directory into place, keeping what it replaces under `replaced`; on any failure or
     interruption put every directory back as it was."""
     done: list[tuple[Path, Path, Path | None]] = []  # (final, staged, old)

@@ -21,15 +21,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sm120check.exitcodes import Exit
 from sm120check.jitcache import bundle as bundles
 from sm120check.jitcache import layout
 from sm120check.jitcache import modules as jit_modules
 from sm120check.jitcache.key import KEY_FIELDS, CacheKey, KeyProblem, compute
 from sm120check.jitcache.layout import ARCH_LIST_ENV
 from sm120check.jitcache.ninja import dry_run, find_ninja
-
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
-EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
 class Terminated(BaseException):
@@ -210,7 +208,7 @@ def _do_build(ns: argparse.Namespace, key: CacheKey, context: dict[str, str]) ->
         }
     lines = [f"{o.name}: {'cached' if o.cached_before else f'built in {o.seconds:.0f} s'}" for o in outcomes]
     _emit(ns, data, "\n".join(lines + ([f"bundle {ns.bundle}"] if ns.bundle else [])))
-    return EXIT_OK
+    return Exit.OK
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -218,7 +216,7 @@ def run(ns: argparse.Namespace) -> int:
         key, context = _this_key(ns) if not getattr(ns, "no_key_check", False) else (None, {})
     except KeyProblem as exc:
         print(f"sm120check jit: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return Exit.USAGE
     try:
         if getattr(ns, "modules", "") is None and key is not None:
             ns.modules = default_modules(key)
@@ -228,7 +226,7 @@ def run(ns: argparse.Namespace) -> int:
                     "name some with --modules",
                     file=sys.stderr,
                 )
-                return EXIT_USAGE
+                return Exit.USAGE
         if ns.action == "key":
             assert key is not None
             _emit(ns, _key_data(key, context), f"{key.slug()}\n" + json.dumps(context, indent=1))
@@ -263,28 +261,28 @@ def run(ns: argparse.Namespace) -> int:
                     f"sm120check jit: --ignore {','.join(unknown)}: not key fields ({', '.join(KEY_FIELDS)})",
                     file=sys.stderr,
                 )
-                return EXIT_USAGE
+                return Exit.USAGE
             with _sigterm_raises():
                 return _bundle_action(ns, key, ignore)
     except bundles.BundleError as exc:
         if ns.json:
             print(json.dumps({"ok": False, "problem": str(exc)}))
         print(f"sm120check jit: {exc}", file=sys.stderr)
-        return EXIT_PROBLEM
+        return Exit.FOUND
     except (bundles.CacheProblem, OSError) as exc:
         if ns.json:
             print(json.dumps({"ok": False, "problem": str(exc)}))
         print(f"sm120check jit: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return Exit.USAGE
     except Terminated:
         print(
             "sm120check jit: terminated (SIGTERM); the staging directory was removed, nothing changed", file=sys.stderr
         )
-        return EXIT_TERMINATED
+        return Exit.TERMINATED
     except ValueError as exc:
         print(f"sm120check jit: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    return EXIT_OK
+        return Exit.USAGE
+    return Exit.OK
 
 
 def _bundle_action(ns: argparse.Namespace, key: CacheKey | None, ignore: list[str]) -> int:
@@ -315,7 +313,7 @@ def _bundle_action(ns: argparse.Namespace, key: CacheKey | None, ignore: list[st
             {"ok": True, "changed": True, "cache_root": str(target), **asdict(done), "key": done.key.as_dict()},
             f"{ns.bundle}: {done.files} files into {target} in {done.seconds} s",
         )
-    return EXIT_OK
+    return Exit.OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,21 +7,22 @@ import json
 import sys
 from pathlib import Path
 
-from sm120check.sglang import launch_cli, patch, report
+from sm120check.exitcodes import Exit
+from sm120check.sglang import launch_cli, patch, scan
 from sm120check.sglang.errors import SglangError
 from sm120check.sglang.state import describe
 from sm120check.sglang.tree import SourceTree, find_installed, flashinfer_version, local_cc, parse_cc, resolve_source
-
-EXIT_OK, EXIT_NEEDED, EXIT_ERROR = 0, 1, 2
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("sglang", help="scan or patch SGLang's source for SM120", description=__doc__)
     actions = parser.add_subparsers(dest="sglang_command", metavar="ACTION", parser_class=type(parser))
     actions.required = True
-    scan = actions.add_parser("scan", help="report capability maps, multicast fallback, fusion gates, EAGLE-3 gaps")
+    scan_action = actions.add_parser(
+        "scan", help="report capability maps, multicast fallback, fusion gates, EAGLE-3 gaps"
+    )
     fix = actions.add_parser("patch", help="close the gaps the scan finds (minimal, idempotent, revertible)")
-    for sub in (scan, fix):
+    for sub in (scan_action, fix):
         sub.add_argument("--source", metavar="DIR", help="SGLang tree to use (default: the installed sglang)")
         sub.add_argument(
             "--cc", metavar="MAJOR.MINOR", help="compute capability to check for (default: this GPU, else 12.0)"
@@ -32,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             help="FlashInfer version to assume (default: the installed one); the fusion gate admits SM120 from 0.6.17",
         )
         sub.add_argument("--json", action="store_true", help="print JSON")
-    scan.set_defaults(handler=run_scan)
+    scan_action.set_defaults(handler=run_scan)
     fix.add_argument("--check", action="store_true", help="change nothing; exit 1 when a patch (or revert) is needed")
     fix.add_argument("--diff", action="store_true", help="print the unified diff of the change")
     fix.add_argument("--revert", action="store_true", help="restore the original files recorded in the ledger")
@@ -47,13 +48,13 @@ def _target(args: argparse.Namespace) -> SourceTree | None:
     return SourceTree(root) if root else None
 
 
-def _scan(tree: SourceTree, args: argparse.Namespace) -> report.ScanReport:
+def _scan(tree: SourceTree, args: argparse.Namespace) -> scan.ScanReport:
     cc = parse_cc(args.cc) if args.cc else local_cc()
     if args.flashinfer_version:
         fi, origin = args.flashinfer_version, "--flashinfer-version"
     else:
         fi, origin = flashinfer_version(tree.root if args.source else None)
-    return report.run(tree, cc, fi, origin)
+    return scan.run(tree, cc, fi, origin)
 
 
 def _not_installed(args: argparse.Namespace) -> int:
@@ -62,14 +63,14 @@ def _not_installed(args: argparse.Namespace) -> int:
         print(json.dumps({"installed": False, "changed": False, "needed": False, "message": message}))
     else:
         print(message)
-    return EXIT_OK
+    return Exit.OK
 
 
 def _error(args: argparse.Namespace, exc: SglangError) -> int:
     if args.json:
         print(json.dumps({"error": str(exc), "changed": False}))
     print(f"sm120check sglang: {exc}", file=sys.stderr)
-    return EXIT_ERROR
+    return Exit.USAGE
 
 
 def run_scan(args: argparse.Namespace) -> int:
@@ -80,8 +81,8 @@ def run_scan(args: argparse.Namespace) -> int:
         found = _scan(tree, args)
     except SglangError as exc:
         return _error(args, exc)
-    print(json.dumps(found.to_dict(), indent=2) if args.json else report.render(found))
-    return EXIT_NEEDED if found.needs_patch else EXIT_OK
+    print(json.dumps(found.to_dict(), indent=2) if args.json else scan.render(found))
+    return Exit.FOUND if found.needs_patch else Exit.OK
 
 
 def run_patch(args: argparse.Namespace) -> int:
@@ -150,15 +151,16 @@ def _patch(tree: SourceTree, args: argparse.Namespace) -> int:
         patch.apply(tree, found, changes)
         changed = {ch.path for ch in changes}
         fresh = SourceTree(tree.root, {rel: mod for rel, mod in tree._cache.items() if rel not in changed})
-        after = report.run(fresh, found.cc, found.flashinfer, found.flashinfer_origin)
+        after = scan.run(fresh, found.cc, found.flashinfer, found.flashinfer_origin)
         result["remaining"] = [f.summary for f in after.findings if not f.ok and f.patchable]
     if not args.json:
         for note in recovery.notes(check=args.check):
             print(note)
     _emit(args, tree.root, result, changes)
     if args.check:
-        return EXIT_NEEDED if needed else EXIT_OK
-    return EXIT_ERROR if result.get("remaining") else EXIT_OK
+        return Exit.FOUND if needed else Exit.OK
+    # A gap the patch should have closed and did not is still a patch needed (1), not a usage error.
+    return Exit.FOUND if result.get("remaining") else Exit.OK
 
 
 def _revert(tree: SourceTree, args: argparse.Namespace) -> int:
@@ -185,4 +187,4 @@ def _revert(tree: SourceTree, args: argparse.Namespace) -> int:
         for rel in plan.skipped:
             print(f"{rel}: already the original, left as is")
     _emit(args, tree.root, result, plan.changes)
-    return EXIT_NEEDED if args.check and plan.needed else EXIT_OK
+    return Exit.FOUND if args.check and plan.needed else Exit.OK

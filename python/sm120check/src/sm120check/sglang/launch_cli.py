@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from sm120check.exitcodes import Exit
 from sm120check.sglang.launch_report import SCHEMA, exit_code, render, to_dict
 from sm120check.sglang.launch_request import LaunchRequest, parse_expect, request_from_argv, request_from_command
 from sm120check.sglang.launch_terms import Expectation, LaunchError, printable
@@ -40,7 +41,6 @@ from sm120check.sglang.launch_verdict import LaunchReport, judge
 from sm120check.sglang.server_info import MAX_SERVER_INFO_BYTES, ServerInfo, parse_server_info
 from sm120check.sglang.startup_log import scan_log
 
-EXIT_OK, EXIT_DEGRADED, EXIT_ERROR = 0, 1, 2
 MAX_LAUNCH_COMMAND_BYTES = 1 << 20
 JOURNAL_TIMEOUT_S = 30.0
 _UNIT = re.compile(r"[A-Za-z0-9:_.@\\-]{1,256}")
@@ -379,6 +379,6 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"schema": SCHEMA, "error": message, "lines": [], "problems": [message], "notes": []}))
         print(f"sm120check sglang verify-launch: {message}", file=sys.stderr)
-        return EXIT_ERROR
+        return Exit.USAGE
     print(json.dumps(to_dict(report), indent=2) if args.json else render(report))
-    return EXIT_DEGRADED if exit_code(report, args.strict) else EXIT_OK
+    return exit_code(report, args.strict)

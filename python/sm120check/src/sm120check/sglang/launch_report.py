@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from sm120check.exitcodes import Exit
 from sm120check.sglang.launch_verdict import LaunchReport
 
 SCHEMA = "sm120check.verify-launch/1"
 
 
-def exit_code(report: LaunchReport, strict: bool = False) -> int:
+def exit_code(report: LaunchReport, strict: bool = False) -> Exit:
     if report.degraded or (strict and report.unknown):
-        return 1
-    return 0
+        return Exit.FOUND
+    return Exit.OK
 
 
 def to_dict(report: LaunchReport) -> dict[str, object]:

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from sm120check import versions
 from sm120check.sglang.launch_patterns import NEVER_RAN, SILENT_WHEN_ON, TABLE_RELEASES
 from sm120check.sglang.launch_request import LaunchRequest
 from sm120check.sglang.launch_terms import Expectation, Sign
@@ -233,7 +233,7 @@ def judge(
             summary = (f"{noted}, but " if noted else "") + _unknown_reason(info, log)
         verdicts.append(ExpectationVerdict(e, verdict, summary, tuple(evidence), fix))
     notes = []
-    parsed, newest = parse_version(version), parse_version(TABLE_RELEASES[1])
+    parsed, newest = versions.parse_or_none(version), versions.parse_or_none(TABLE_RELEASES[1])
     if parsed and newest and parsed > newest:
         notes.append(
             f"SGLang {version} is newer than the releases the log table was read from "
@@ -242,8 +242,3 @@ def judge(
     if log is not None and log.starts > 1:
         notes.append(f"the log holds {log.starts} server starts; only the last (line {log.start_line}) is judged")
     return LaunchReport(request, tuple(verdicts), version, version_origin, url, log, complete, info, tuple(notes))
-
-
-def parse_version(text: str | None) -> tuple[int, ...] | None:
-    m = re.match(r"(\d+(?:\.\d+)*)", text or "")
-    return tuple(int(x) for x in m.group(1).split(".")) if m else None

@@ -32,9 +32,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sm120check import __version__
-from sm120check.sglang import eagle, fusion, preflight, state, symm_mem
+from sm120check.sglang import eagle, fusion_gates, preflight, state, symm_mem_gates
 from sm120check.sglang.errors import SglangError
-from sm120check.sglang.report import AUTO_ENABLE_ID, PREFLIGHT_ID, ScanReport
+from sm120check.sglang.scan import AUTO_ENABLE_ID, PREFLIGHT_ID, ScanReport
 from sm120check.sglang.state import Verdict
 from sm120check.sglang.tree import SourceTree
 
@@ -60,7 +60,7 @@ def _decode(data: bytes) -> tuple[str, str]:
 
 
 def _admit(text: str, *, rel: str) -> str:
-    return fusion.admit_sm120(text, rel)
+    return fusion_gates.admit_sm120(text, rel)
 
 
 def _delegate(text: str, *, rel: str, target: eagle.Delegation) -> str:
@@ -88,19 +88,19 @@ def plan(tree: SourceTree, report: ScanReport) -> list[FileChange]:
         sizes = symm.sizes_map
         edit(
             sizes.path,
-            lambda t: symm_mem.add_size_major(t, sizes.path, sizes.name, major),
+            lambda t: symm_mem_gates.add_size_major(t, sizes.path, sizes.name, major),
             f"{sizes.name}: added major {major} (sizes of {max(sizes.majors)})",
         )
     if "multimem-lookup" in failing:
         edit(
             symm.communicator_path,
-            lambda t: symm_mem.tolerate_multimem_lookup(t, symm.communicator_path, symm.communicator),
+            lambda t: symm_mem_gates.tolerate_multimem_lookup(t, symm.communicator_path, symm.communicator),
             f"{symm.multimem_map.name}: lookup by .get(major, ()) so an unlisted major selects two-shot",
         )
     if "multicast-early-return" in failing:
         edit(
             symm.communicator_path,
-            lambda t: symm_mem.relax_multicast_return(t, symm.communicator_path, symm.communicator),
+            lambda t: symm_mem_gates.relax_multicast_return(t, symm.communicator_path, symm.communicator),
             f"{symm.communicator}: multicast early return only where multimem is selected",
         )
     if PREFLIGHT_ID in failing and report.preflight is not None:
@@ -114,7 +114,7 @@ def plan(tree: SourceTree, report: ScanReport) -> list[FileChange]:
     for rel in sorted({f.path for f in report.findings if f.id.startswith(AUTO_ENABLE_ID) and f.id in failing}):
         edit(
             rel,
-            functools.partial(fusion.restrict_auto_enable, rel=rel),
+            functools.partial(fusion_gates.restrict_auto_enable, rel=rel),
             "fusion auto-enable limited to SM100 (FlashInfer without SM120 kernels, sglang#15650)",
         )
     for rel in sorted({f.path for f in report.findings if f.id.startswith("fusion-gate:") and f.id in failing}):

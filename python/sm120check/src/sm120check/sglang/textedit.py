@@ -69,11 +69,6 @@ def replace(text: str, start: int, end: int, new: str) -> str:
     return text[:start] + new + text[end:]
 
 
-def ensure_line_end(text: str, offset: int, newline: str) -> str:
-    """Text to insert at `offset` when it is the end of a file that may lack a final newline."""
-    return newline if offset == len(text) and text and not text.endswith(("\n", "\r")) else ""
-
-
 def _unmarkable(text: str) -> set[int]:
     """Lines that cannot take a trailing comment: they have one, end inside a string, or continue with `\\`."""
     out: set[int] = set()

@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sm120check import versions
 from sm120check.sglang.errors import SglangError
 
 # FlashInfer builds its trtllm allreduce-fusion kernels for major 12 from this release on.
@@ -61,19 +62,12 @@ def local_cc() -> ComputeCapability:
     return parse_cc(DEFAULT_CC, "default (no GPU found)")
 
 
-def parse_version(text: str) -> tuple[int, ...]:
-    """Leading numeric release of a version string: "0.6.17.post1" -> (0, 6, 17)."""
-    parts: list[int] = []
-    for piece in text.split("."):
-        digits = re.match(r"\d+", piece)
-        if not digits:
-            break
-        parts.append(int(digits.group()))
-        if digits.group() != piece:
-            break
-    if not parts:
-        raise SglangError(f"version {text!r} has no numeric release; pass for example --flashinfer-version 0.7.2")
-    return tuple(parts)
+def parse_flashinfer_version(text: str) -> tuple[int, ...]:
+    """`versions.parse` for a FlashInfer version the scan needs: "0.6.17.post1" -> (0, 6, 17), else SglangError."""
+    try:
+        return versions.parse(text)
+    except ValueError as exc:
+        raise SglangError(f"FlashInfer version: {exc}; pass for example --flashinfer-version 0.7.2") from None
 
 
 def _metadata_version(name: str) -> str | None:

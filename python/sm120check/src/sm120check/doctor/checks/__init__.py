@@ -1,36 +1,49 @@
-"""The check catalogue: one module per family, each exposing `CHECKS`, a tuple of check classes.
+"""The check catalogue: one module per part of the stack, each exposing `CHECKS`, a tuple of check classes.
 
-The runner orders checks by level, then by this module order, then by their order in `CHECKS`.
+A check's `family` is the role that owns (and fixes) the part it checks: `cuda_toolkit`, `cuda_env`, `python_stack`,
+`preflight`, `sm120check`, `sglang_sm120`, `flashinfer_jit`, `nccl`; `comm` for the node's multi-GPU communication,
+which no one role owns. The runner orders checks by level, then by the order of `MODULES`, then by `CHECKS`.
 """
 
 from __future__ import annotations
 
-import importlib
+from types import ModuleType
 
+from sm120check.doctor.checks import (
+    abi,
+    comm,
+    driver,
+    env,
+    flashinfer_jit,
+    jit,
+    nvrtc,
+    platform,
+    sglang,
+    sglang_comm,
+    stack,
+    toolkit,
+    torch,
+)
 from sm120check.doctor.model import Check
 
-# Families in report order. `sglang` (SGLang SM120 source scan), `comm` (level-3 communication) and
-# `sglang_comm` (SGLang's own level-3 code) are owned by their own modules; keep their entries when editing this list.
-CHECK_MODULES: tuple[str, ...] = (
-    "platform",
-    "driver",
-    "toolkit",
-    "nvrtc",
-    "jit",
-    "torch",
-    "abi",
-    "env",
-    "stack",
-    "sglang",
-    "flashinfer_jit",
-    "comm",
-    "sglang_comm",
+# Report order. `sglang` (SGLang SM120 source scan), `comm` (level-3 communication) and `sglang_comm` (SGLang's
+# own level-3 code) are owned by their own modules; keep their entries when editing this list.
+MODULES: tuple[ModuleType, ...] = (
+    platform,
+    driver,
+    toolkit,
+    nvrtc,
+    jit,
+    torch,
+    abi,
+    env,
+    stack,
+    sglang,
+    flashinfer_jit,
+    comm,
+    sglang_comm,
 )
 
 
 def all_checks() -> list[Check]:
-    checks: list[Check] = []
-    for name in CHECK_MODULES:
-        module = importlib.import_module(f"{__name__}.{name}")
-        checks.extend(cls() for cls in module.CHECKS)
-    return checks
+    return [cls() for module in MODULES for cls in module.CHECKS]

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check.doctor import loader, remedies, stackenv, versions
+from sm120check import versions
+from sm120check.doctor import loader, remedies, stackenv
 from sm120check.doctor.model import Context, Result, Status
 
 
@@ -90,7 +91,7 @@ class AbiWheelsCheck:
     """No CUDA 12 wheels (any *-cu12, sgl-kernel 0.3.x, a CUDA 12 torch) in the stack venv."""
 
     id: ClassVar[str] = "abi_wheels"
-    family: ClassVar[str] = "abi"
+    family: ClassVar[str] = "python_stack"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ()
@@ -98,8 +99,8 @@ class AbiWheelsCheck:
     def run(self, ctx: Context) -> Result:
         if (absent := stackenv.missing_venv(ctx, self.id)) is not None:
             return absent
-        venv = stackenv.prefix(ctx)
-        return wheels_verdict(stackenv.installed(venv), str(venv), stackenv.nvidia_layouts(venv))
+        venv = ctx.facts.venv
+        return wheels_verdict(ctx.facts.distributions, str(venv), stackenv.nvidia_layouts(venv))
 
 
 def _soname_major(path: str) -> int | None:
@@ -175,7 +176,7 @@ class AbiLibsCheck:
     """The libnvrtc/libcudart/libnccl/libcuda a torch process maps agree with the loader cache and the manifest."""
 
     id: ClassVar[str] = "abi_libs"
-    family: ClassVar[str] = "abi"
+    family: ClassVar[str] = "python_stack"
     level: ClassVar[int] = 2
     requires: ClassVar[tuple[str, ...]] = ("torch",)
     uses: ClassVar[tuple[str, ...]] = ()

@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from importlib import metadata
 from typing import Any, ClassVar
 
 from sm120check.comm import flashinfer_release, topology
 from sm120check.doctor import remedies, stackenv
 from sm120check.doctor.child import ChildOutcome, run_probe
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.nvml_api import Gpu
 from sm120check.jitcache import layout
 from sm120check.jitcache import modules as jit_modules
 from sm120check.jitcache.ninja import dry_run, find_ninja
@@ -50,21 +50,21 @@ def with_evidence(result: Result, data: Mapping[str, Any]) -> Result:
     return dataclasses.replace(result, details=f"{result.details}\n{evidence}".strip())
 
 
-def selected_gpus(ctx: Context, check_id: str, need_torch: bool) -> list[dict[str, Any]] | Result:
-    """The driver check's GPU rows restricted to --gpus, or a skip saying why there is nothing to run on."""
+def selected_gpus(ctx: Context, check_id: str, need_torch: bool) -> list[Gpu] | Result:
+    """The GPUs NVML listed (the node's facts) restricted to --gpus, or a skip saying why there is nothing to run on."""
     for required in ("driver", "torch") if need_torch else ("driver",):
         prior = ctx.results.get(required)
         if prior is None:
             return _skip(check_id, f"prerequisite `{required}` did not run", f"add `--select {required}`")
         if prior.status in (Status.FAIL, Status.SKIP):
             return _skip(check_id, f"prerequisite `{required}` {prior.status.value}ed: {prior.summary}", prior.remedy)
-    rows = [dict(g) for g in _as_list(ctx.results["driver"].data.get("gpus"))]
+    rows = list(ctx.facts.gpus or ())  # `driver` passed or warned: NVML listed them
     if ctx.gpus is not None:
-        known = {int(g["index"]) for g in rows}
+        known = {g.index for g in rows}
         unknown = [i for i in ctx.gpus if i not in known]
         if unknown:
             return _skip(check_id, f"--gpus names {unknown}, the driver sees {sorted(known)}", "pass indices it lists")
-        rows = [g for g in rows if int(g["index"]) in ctx.gpus]
+        rows = [g for g in rows if g.index in ctx.gpus]
     if len(rows) < 2:
         return _skip(check_id, f"needs at least 2 GPUs, {len(rows)} selected", "run on a multi-GPU node")
     return rows
@@ -74,12 +74,13 @@ def _as_list(value: object) -> list[Mapping[str, Any]]:
     return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list | tuple) else []
 
 
-def capability(gpu: Mapping[str, Any]) -> str:
-    return str(gpu.get("cc") or gpu.get("compute_capability") or "")
+def capability(gpu: Gpu) -> str:
+    """The compute capability as FlashInfer and the release tables write it: "12.0"."""
+    return f"{gpu.cc[0]}.{gpu.cc[1]}"
 
 
-def _gpu_arg(gpus: Sequence[Mapping[str, Any]]) -> str:
-    return ",".join(str(g["index"]) for g in gpus)
+def _gpu_arg(gpus: Sequence[Gpu]) -> str:
+    return ",".join(str(g.index) for g in gpus)
 
 
 def _fmt_us(latency: Mapping[str, float]) -> str:
@@ -116,10 +117,10 @@ class Topology:
         return judge_topology(outcome.data, gpus)
 
 
-def judge_topology(evidence: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]]) -> Result:
+def judge_topology(evidence: Mapping[str, Any], gpus: Sequence[Gpu]) -> Result:
     """Turn the topology probe's raw evidence into a verdict (pure; tested with recorded outputs)."""
-    indices = [int(g["index"]) for g in gpus]
-    names = {int(g["index"]): str(g.get("name", "")) for g in gpus}
+    indices = [g.index for g in gpus]
+    names = {g.index: g.name for g in gpus}
     warnings: list[tuple[str, str]] = []
     details: list[str] = []
     matrix = None
@@ -422,7 +423,7 @@ class AllreduceFusion:
                 remedy=gate.remedy,
                 data={"flashinfer": version, "majors": list(gate.majors)},
             )
-        all_caps = [capability(g) for g in _as_list(ctx.results["driver"].data.get("gpus"))]
+        all_caps = [capability(g) for g in ctx.facts.gpus or ()]
         cached = predicted_cached(version, all_caps)
         timeout = ctx.timeout if cached else jit_timeout(ctx)
         args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, timeout - 5))]
@@ -439,18 +440,13 @@ class AllreduceFusion:
 
 def _stack(ctx: Context) -> dict[str, Any]:
     """Run torch probes with the stack venv's interpreter (the manifest's venv), like the torch check."""
-    return {"python": str(stackenv.python(ctx)), "env": stackenv.probe_env()}
+    return {"python": str(ctx.facts.venv_python), "env": stackenv.probe_env()}
 
 
 def flashinfer_version(ctx: Context) -> str:
-    """flashinfer-python's version in the stack venv ("" if absent); the running interpreter's path otherwise."""
-    venv = stackenv.prefix(ctx)
-    if ctx.manifest is not None and ctx.manifest.venv:
-        return stackenv.installed(venv).get("flashinfer-python", "")
-    try:
-        return metadata.version("flashinfer-python")
-    except metadata.PackageNotFoundError:
-        return ""
+    """flashinfer-python's version in the stack venv ("" if absent); the running interpreter's path otherwise
+    (a fact, read once before the checks: facts.flashinfer_version)."""
+    return ctx.facts.flashinfer
 
 
 def jit_timeout(ctx: Context) -> float:

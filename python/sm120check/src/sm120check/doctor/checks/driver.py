@@ -7,12 +7,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check.doctor import child, nvml_api, remedies, versions
+from sm120check import versions
+from sm120check.doctor import child, facts, nvml_api, remedies
 from sm120check.doctor.model import Context, Result, Status
 
 CUDA13_DRIVER_MIN = "580.65.06"  # CUDA 13.0's minimum Linux driver
-NVML_PROBE = "sm120check.doctor.probes.nvml_info"
-NVML_TIMEOUT = 30.0  # NVML reads take well under a second; a GPU off the bus can make nvmlInit slow, not this slow
+NVML_PROBE = facts.NVML_PROBE
 PROC_VERSION = Path("/proc/driver/nvidia/version")
 _PROC_DRIVER = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 
@@ -138,19 +138,15 @@ def nvml_probe_verdict(problem: str, step: str, stderr_tail: str, proc_text: str
 
 def nvml_answer(data: Mapping[str, object]) -> tuple[nvml_api.NvmlInfo | None, str]:
     """The NVML probe's JSON -> (info, "") when NVML answered, (None, why) when it could not be loaded."""
-    if "info" in data:
-        try:
-            return nvml_api.from_dict(data["info"]), ""  # type: ignore[arg-type]
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            return None, f"the NVML probe's answer is malformed: {exc!r}"
-    return None, str(data.get("error", "the NVML probe gave no answer"))
+    answer = facts.nvml_facts(data)
+    return answer.info, answer.error
 
 
 class DriverCheck:
     """The NVIDIA driver is loaded, >= the manifest's driver_min; NVML lists the GPUs and compute capabilities."""
 
     id: ClassVar[str] = "driver"
-    family: ClassVar[str] = "driver"
+    family: ClassVar[str] = "preflight"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ()
@@ -160,10 +156,10 @@ class DriverCheck:
             proc_text: str | None = PROC_VERSION.read_text(encoding="utf-8", errors="replace")
         except OSError:
             proc_text = None
-        outcome = child.run_probe(NVML_PROBE, timeout=min(ctx.timeout, NVML_TIMEOUT))
-        if not outcome.ok:
-            return nvml_probe_verdict(outcome.problem, outcome.step, outcome.stderr_tail, proc_text)
-        info, error = nvml_answer(outcome.data)
+        nvml = ctx.facts.nvml or facts.read_nvml(ctx.timeout)  # asked once, before the checks (facts.gather)
+        if nvml.problem:
+            return nvml_probe_verdict(nvml.problem, nvml.step, nvml.stderr_tail, proc_text)
+        info, error = nvml.info, nvml.error
         if ctx.manifest is not None and ctx.manifest.driver_min:
             driver_min, source = ctx.manifest.driver_min, f"manifest {ctx.manifest.path}"
         else:
@@ -202,7 +198,7 @@ class GpuNodesCheck:
     """The device nodes CUDA needs exist: /dev/nvidiactl, /dev/nvidiaN and /dev/nvidia-uvm."""
 
     id: ClassVar[str] = "gpu_nodes"
-    family: ClassVar[str] = "driver"
+    family: ClassVar[str] = "preflight"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ("driver",)
     uses: ClassVar[tuple[str, ...]] = ()
@@ -212,9 +208,9 @@ class GpuNodesCheck:
         return nodes_verdict([p.name for p in dev.glob("nvidia*")])
 
 
-def persistence_verdict(gpus: Sequence[dict[str, object]]) -> Result:
-    off = [str(g["index"]) for g in gpus if g.get("persistence") is False]
-    unknown = [str(g["index"]) for g in gpus if g.get("persistence") is None]
+def persistence_verdict(gpus: Sequence[nvml_api.Gpu]) -> Result:
+    off = [str(g.index) for g in gpus if g.persistence is False]
+    unknown = [str(g.index) for g in gpus if g.persistence is None]
     data = {"off": len(off), "unknown": len(unknown)}
     if off:
         return Result(
@@ -237,14 +233,13 @@ class PersistenceCheck:
     """Persistence mode is on for every GPU (faster, steadier process starts)."""
 
     id: ClassVar[str] = "gpu_persistence"
-    family: ClassVar[str] = "driver"
+    family: ClassVar[str] = "preflight"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ("driver",)
     uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
-        gpus = ctx.results["driver"].data.get("gpus", [])
-        return persistence_verdict(gpus if isinstance(gpus, list) else [])
+        return persistence_verdict(ctx.facts.gpus or ())  # `driver` passed or warned: NVML listed the GPUs
 
 
 CHECKS = (DriverCheck, GpuNodesCheck, PersistenceCheck)

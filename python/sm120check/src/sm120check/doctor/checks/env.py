@@ -117,15 +117,15 @@ class EnvCheck:
     """A fresh interpreter of the stack venv runs the sm120kit_env hook and sees the manifest's environment."""
 
     id: ClassVar[str] = "env"
-    family: ClassVar[str] = "env"
+    family: ClassVar[str] = "cuda_env"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         want = dict(ctx.manifest.env) if ctx.manifest else {}
-        python = stackenv.python(ctx)
-        sites = stackenv.site_packages(stackenv.prefix(ctx))
+        python = ctx.facts.venv_python
+        sites = stackenv.site_packages(ctx.facts.venv)
         pth = [str(p / f"{HOOK_MODULE}.pth") for p in sites if (p / f"{HOOK_MODULE}.pth").exists()]
         custom = [str(p / "sitecustomize.py") for p in sites if (p / "sitecustomize.py").exists()]
         if not Path(python).exists():

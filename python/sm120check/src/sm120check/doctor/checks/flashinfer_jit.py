@@ -33,7 +33,7 @@ def serving_env(ctx: Context, environ: Mapping[str, str] | None = None) -> dict[
 
 def aot_dirs(ctx: Context) -> list[Path]:
     """Where the stack's FlashInfer keeps prebuilt (AOT) modules, which it loads without ninja or a compile."""
-    dirs = [site / "flashinfer" / "data" / "aot" for site in stackenv.site_packages(stackenv.prefix(ctx))]
+    dirs = [site / "flashinfer" / "data" / "aot" for site in stackenv.site_packages(ctx.facts.venv)]
     if ctx.manifest is None or not ctx.manifest.venv:  # the running interpreter is the stack (PYTHONPATH counts)
         spec = importlib.util.find_spec("flashinfer")
         for location in (spec.submodule_search_locations or []) if spec else []:
@@ -102,17 +102,14 @@ class FlashinferJitCheck:
     family: ClassVar[str] = FAMILY
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
-    uses: ClassVar[tuple[str, ...]] = ("driver",)
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
         version = flashinfer_version(ctx)
         if not version:
             return _result(Status.SKIP, "FlashInfer is not installed in the stack venv: nothing to cache")
         env = serving_env(ctx)
-        driver = ctx.results.get("driver")
-        raw = driver.data.get("gpus") if driver is not None else None
-        gpus: list[Any] = raw if isinstance(raw, list) else []
-        caps = [capability(g) for g in gpus if isinstance(g, Mapping)]
+        caps = [capability(g) for g in ctx.facts.gpus or ()]  # the GPUs NVML listed, whatever the driver's verdict
         arch_list = env.get(layout.ARCH_LIST_ENV) or None
         if not arch_list and not caps:
             return _result(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import ClassVar
 
 from sm120check.doctor import child, nvrtc_api, remedies
 from sm120check.doctor.checks.nvrtc import nvrtc_probe_verdict
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.payloads.jit_launch import JitLaunch
 
 TARGETS = ("sm_120", "sm_120a", "sm_120f")
 PROBE = "sm120check.doctor.probes.jit_launch"
@@ -23,9 +25,7 @@ def compile_remedy(code: int) -> str:
     return f"{remedies.CUDA_TOOLKIT} (cuda_toolkit_version: an NVRTC >= 12.9 that knows sm_120f)"
 
 
-def jit_verdict(
-    compiled: Sequence[nvrtc_api.Compiled], launch: Mapping[str, object] | None, launch_problem: str
-) -> Result:
+def jit_verdict(compiled: Sequence[nvrtc_api.Compiled], launch: JitLaunch | None, launch_problem: str) -> Result:
     """Verdict from the three NVRTC compiles and, when there was a GPU, the probe's launch report."""
     data: dict[str, object] = {f"{c.arch}_ms": round(c.seconds * 1000, 1) for c in compiled}
     data.update({f"{c.arch}_cubin_bytes": len(c.cubin) for c in compiled if c.ok})
@@ -51,16 +51,12 @@ def jit_verdict(
             remedy="run `python -m sm120check.doctor.probes.jit_launch` by hand to see the error",
             data=data,
         )
-    gpus = launch.get("gpus", [])
-    rows = [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
-    data["gpus"] = rows
-    bad = [g for g in rows if not g.get("ok")]
-    ran = "; ".join(f"GPU {g.get('gpu')} {g.get('name')} ran {g.get('arch')}" for g in rows if g.get("ok"))
+    rows = launch.gpus
+    data["gpus"] = [g.to_json() for g in rows]
+    bad = [g for g in rows if not g.ok]
+    ran = "; ".join(f"GPU {g.gpu} {g.name} ran {g.arch}" for g in rows if g.ok)
     if bad or not rows:
-        why = "; ".join(
-            f"GPU {g.get('gpu')} ({g.get('arch')}): {g.get('error') or str(g.get('mismatches')) + ' wrong elements'}"
-            for g in bad
-        )
+        why = "; ".join(f"GPU {g.gpu} ({g.arch}): {g.error or str(g.mismatches) + ' wrong elements'}" for g in bad)
         return Result(
             "sm120_jit",
             Status.FAIL,
@@ -76,7 +72,7 @@ class Sm120JitCheck:
     """NVRTC compiles a kernel for sm_120, sm_120a, sm_120f; on each GPU a kernel built for it runs correctly."""
 
     id: ClassVar[str] = "sm120_jit"
-    family: ClassVar[str] = "jit"
+    family: ClassVar[str] = "cuda_toolkit"
     level: ClassVar[int] = 2
     requires: ClassVar[tuple[str, ...]] = ("nvrtc",)
     uses: ClassVar[tuple[str, ...]] = ("driver",)
@@ -87,15 +83,18 @@ class Sm120JitCheck:
             problem = answer.problem or f"found no {nvrtc_api.SONAME}: {answer.open_error}"
             return nvrtc_probe_verdict(self.id, problem, answer.step, answer.stderr_tail, ())
         compiled = list(answer.opened.compiled)
-        driver = ctx.results.get("driver")
-        has_gpu = (
-            driver is not None and driver.status in (Status.PASS, Status.WARN) and bool(driver.data.get("gpu_count"))
-        )
+        driver = ctx.results.get("driver")  # a driver that failed (too old) or skipped: nothing is launched
+        has_gpu = driver is not None and driver.status in (Status.PASS, Status.WARN) and bool(ctx.facts.gpus)
         if any(not c.ok for c in compiled) or not has_gpu:
             return jit_verdict(compiled, None, "")
         args = ["--gpus", ",".join(map(str, ctx.gpus))] if ctx.gpus else []
         outcome = child.run_probe(PROBE, args, timeout=ctx.timeout)
-        return jit_verdict(compiled, outcome.data if outcome.ok else None, outcome.problem if not outcome.ok else "")
+        if not outcome.ok:
+            return jit_verdict(compiled, None, outcome.problem)
+        try:
+            return jit_verdict(compiled, JitLaunch.from_json(outcome.data), "")
+        except PayloadError as exc:
+            return jit_verdict(compiled, None, f"printed a malformed answer ({exc})")
 
 
 CHECKS = (Sm120JitCheck,)

@@ -108,13 +108,13 @@ class NvrtcCheck:
     """libnvrtc.so.13 loads by soname, is NVRTC 13.x, lists 120 among its architectures; shows which file it is."""
 
     id: ClassVar[str] = "nvrtc"
-    family: ClassVar[str] = "nvrtc"
+    family: ClassVar[str] = "cuda_toolkit"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
-        copies = wheel_copies(stackenv.site_packages(stackenv.prefix(ctx)))
+        copies = wheel_copies(stackenv.site_packages(ctx.facts.venv))
         m = ctx.manifest
         want_dir = m.cuda.lib_dir if m else ""
         want_version = m.cuda.nvrtc if m else ""

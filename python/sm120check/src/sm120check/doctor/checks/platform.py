@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check import __version__, manifest
-from sm120check.doctor import remedies, versions
+from sm120check import __version__, manifest, versions
+from sm120check.doctor import remedies
 from sm120check.doctor.model import Context, Result, Status
 
 MIN_PYTHON = (3, 10)
@@ -70,7 +70,7 @@ class PlatformCheck:
     """OS, kernel, Python and glibc are ones the CUDA 13 wheels support."""
 
     id: ClassVar[str] = "platform"
-    family: ClassVar[str] = "platform"
+    family: ClassVar[str] = "preflight"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ()
@@ -90,7 +90,7 @@ class ManifestCheck:
     """The node manifest (/etc/sm120kit/manifest.json) is present and readable, and names the profile."""
 
     id: ClassVar[str] = "manifest"
-    family: ClassVar[str] = "platform"
+    family: ClassVar[str] = "sm120check"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ()

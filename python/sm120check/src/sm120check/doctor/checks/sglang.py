@@ -7,18 +7,16 @@ from typing import ClassVar
 
 from sm120check.doctor.model import Context, Result, Status
 
-FAMILY = "sglang"
+FAMILY = "sglang_sm120"
 REMEDY = "sm120check sglang patch (role sglang_sm120, tag sglang_sm120_configure); undo with --revert"
 # Findings the patch leaves alone because EAGLE-3 cannot work for that model (sm120check.sglang.eagle.findings).
 EAGLE3_LEFT_AS_IS = ("eagle3-unsupported:", "eagle3-runtime:", "eagle3-partial:")
 
 
 def _gpu_cc(ctx: Context) -> str | None:
-    driver = ctx.results.get("driver")
-    gpus = driver.data.get("gpus") if driver is not None else None
-    if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) and gpus[0].get("cc"):
-        return str(gpus[0]["cc"])
-    return None
+    """The first GPU's compute capability as NVML listed it ("12.0"); None without a GPU list."""
+    gpus = ctx.facts.gpus
+    return f"{gpus[0].cc[0]}.{gpus[0].cc[1]}" if gpus else None
 
 
 class SglangSm120:
@@ -28,10 +26,10 @@ class SglangSm120:
     family: ClassVar[str] = FAMILY
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
-    uses: ClassVar[tuple[str, ...]] = ("driver",)
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
-        from sm120check.sglang import report
+        from sm120check.sglang import scan as report
         from sm120check.sglang.errors import SglangError
         from sm120check.sglang.tree import SourceTree, find_installed, flashinfer_version, local_cc, parse_cc
 

@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 from sm120check.doctor.checks.comm import (
     FUSION_TOLERANCE,
-    _as_list,
     _child_failure,
     _gpu_arg,
     _stack,
@@ -23,11 +22,15 @@ from sm120check.doctor.checks.comm import (
 )
 from sm120check.doctor.child import run_probe
 from sm120check.doctor.model import Context, Result, Status
-from sm120check.doctor.stackenv import installed, prefix
+from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.payloads.sglang_comm import SglangCommAnswer, SglangRank
 
 CHECK_ID = "sglang_comm"
-FAMILY = "sglang"
+FAMILY = "sglang_sm120"
 PATCH = "sm120check sglang patch (role sglang_sm120, tag sglang_sm120_configure), then rerun the doctor"
+MALFORMED = (
+    "report it to the sm120kit maintainers with the probe's output (python -m sm120check.doctor.probes.sglang_comm)"
+)
 MEMORY = "free GPU memory before the server starts (nvidia-smi shows who holds it), or lower --mem-fraction-static"
 
 
@@ -45,18 +48,22 @@ class SglangComm:
         gpus = selected_gpus(ctx, self.id, need_torch=True)
         if isinstance(gpus, Result):
             return _retag(gpus)
-        packages = installed(prefix(ctx))
+        packages = ctx.facts.distributions
         if "sglang" not in packages:
             return _skip_sglang("SGLang is not installed in the stack venv", "profile full installs it")
         args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
         outcome = run_probe("sm120check.doctor.probes.sglang_comm", args, timeout=ctx.timeout, **_stack(ctx))
         if not outcome.ok:
             return _retag(_child_failure(self.id, "SGLang communication probe", outcome, PATCH))
-        return _retag(with_evidence(judge_sglang_comm(outcome.data), outcome.data))
+        try:
+            answer = SglangCommAnswer.from_json(outcome.data)
+        except PayloadError as exc:
+            return _fail(f"the SGLang communication probe printed a malformed answer: {exc}", MALFORMED)
+        return _retag(with_evidence(judge_sglang_comm(answer), {"evidence": answer.evidence}))
 
 
 def _retag(result: Result) -> Result:
-    """Results built by the comm helpers carry their family; this check belongs to `sglang`."""
+    """Results built by the comm helpers carry their family; this check belongs to `sglang_sm120`."""
     return dataclasses.replace(result, family=FAMILY)
 
 
@@ -86,21 +93,23 @@ class Choice:
     remedy: str = ""
 
 
-def _fusion_choice(ranks: Sequence[Mapping[str, Any]], logs: Sequence[str]) -> tuple[Choice, dict[str, float]]:
-    preflight = [dict(r.get("preflight") or {}) for r in ranks]
-    if all(p.get("present") for p in preflight) and not all(p.get("ok") for p in preflight):
+def _fusion_choice(ranks: Sequence[SglangRank], logs: Sequence[str]) -> tuple[Choice, dict[str, float]]:
+    preflight = [r.preflight for r in ranks]
+    if all(p is not None and p.present for p in preflight) and not all(p is not None and p.ok for p in preflight):
         line = _first(logs, "preflight") or "the workspace preflight said no"
-        failed_query = "probe failed" in line or any(p.get("sizes_error") for p in preflight)
+        failed_query = "probe failed" in line or any(p is not None and p.sizes_error for p in preflight)
         return Choice("allreduce fusion", False, f"SGLang: {line}", PATCH if failed_query else MEMORY), {}
     if len(ranks) < 2:
         return Choice("allreduce fusion", True, "workspace preflight passed (one GPU: no fused run)"), {}
-    fusion = [dict(r.get("fusion") or {}) for r in ranks]
-    not_run = next((f for f in fusion if not f.get("ran")), None)
-    if not_run is not None:
-        reason = str(not_run.get("reason") or _first(logs, "fusion", "FlashInfer") or "not run")
+    fusion = [r.fusion for r in ranks]
+    ran = [f for f in fusion if f is not None and f.ran]
+    if len(ran) < len(fusion):
+        not_run = next(f for f in fusion if f is None or not f.ran)
+        given = not_run.reason if not_run is not None else None
+        reason = given or _first(logs, "fusion", "FlashInfer") or "not run"
         remedy = PATCH if "SM90 or SM10X" in reason or "preflight" in reason else "see the details"
         return Choice("allreduce fusion", False, reason, remedy), {}
-    errors = {k: max(float(f["max_rel_err"][k]) for f in fusion) for k in dict(fusion[0].get("max_rel_err") or {})}
+    errors = {k: max(f.max_rel_err[k] for f in ran) for k in ran[0].max_rel_err}
     bad = {k: v for k, v in errors.items() if v > FUSION_TOLERANCE}
     if bad:
         worst = max(bad, key=lambda k: bad[k])
@@ -110,17 +119,17 @@ def _fusion_choice(ranks: Sequence[Mapping[str, Any]], logs: Sequence[str]) -> t
     return Choice("allreduce fusion", True, f"preflight passed, fused = reference at {tokens} tokens"), errors
 
 
-def _symm_choice(ranks: Sequence[Mapping[str, Any]], logs: Sequence[str]) -> Choice:
-    symm = [dict(r.get("symm_mem") or {}) for r in ranks]
-    if any(s.get("disabled") for s in symm):
-        line = _first([x for s in symm for x in _as_strings(s.get("log"))], "multicast", "disabl", "symm")
+def _symm_choice(ranks: Sequence[SglangRank], logs: Sequence[str]) -> Choice:
+    symm = [r.symm_mem for r in ranks if r.symm_mem is not None]
+    if any(s.disabled for s in symm):
+        line = _first([x for s in symm for x in s.log], "multicast", "disabl", "symm")
         return Choice("symmetric memory", False, f"SGLang: {line or 'TorchSymmMemCommunicator disabled'}", PATCH)
-    checks = [c for s in symm for c in _as_list(s.get("checks"))]
-    wrong = [c for c in checks if c.get("ran") and not c.get("ok")]
+    checks = [c for s in symm for c in s.checks]
+    wrong = [c for c in checks if c.ran and not c.ok]
     if wrong:
-        evidence = f"all_reduce differs from NCCL at {wrong[0].get('elements')} elements"
+        evidence = f"all_reduce differs from NCCL at {wrong[0].elements} elements"
         return Choice("symmetric memory", False, evidence, "report to SGLang; serve without --enable-torch-symm-mem")
-    sizes = sorted({int(c["elements"]) for c in checks if c.get("ran")})
+    sizes = sorted({c.elements for c in checks if c.ran})
     if not sizes:
         return Choice("symmetric memory", False, "the communicator took no all_reduce at any size", PATCH)
     return Choice(
@@ -128,35 +137,24 @@ def _symm_choice(ranks: Sequence[Mapping[str, Any]], logs: Sequence[str]) -> Cho
     )
 
 
-def _as_strings(value: object) -> list[str]:
-    return [str(v) for v in value] if isinstance(value, list) else []
-
-
-def judge_sglang_comm(data: Mapping[str, Any]) -> Result:
+def judge_sglang_comm(answer: SglangCommAnswer) -> Result:
     """The probe's evidence -> one verdict: what SGLang turns on at launch, and why not (pure; tested on records)."""
-    if data.get("timed_out") or not data.get("ok"):
-        return _fail(f"SGLang's communication code did not finish: {data.get('problem')}", PATCH)
-    ranks = _as_list(data.get("ranks"))
+    if answer.timed_out or not answer.ok:
+        return _fail(f"SGLang's communication code did not finish: {answer.problem}", PATCH)
+    ranks = answer.ranks
     if not ranks:
         return _fail("the SGLang probe returned no ranks", PATCH)
-    version = str(ranks[0].get("sglang", "?"))
-    logs = [line for r in ranks for part in ("preflight", "symm_mem", "fusion") for line in _lines(r, part)]
+    version = ranks[0].sglang or "?"
+    logs = [line for r in ranks for line in _lines(r)]
     fusion, errors = _fusion_choice(ranks, logs)
     choices = [fusion] + ([_symm_choice(ranks, logs)] if len(ranks) >= 2 else [])
-    skipped = sorted(
-        {
-            int(c["elements"])
-            for r in ranks
-            for c in _as_list(dict(r.get("symm_mem") or {}).get("checks"))
-            if not c.get("ran")
-        }
-    )
-    pre = dict(ranks[0].get("preflight") or {})
-    data_out: dict[str, Any] = {
+    skipped = sorted({c.elements for r in ranks if r.symm_mem is not None for c in r.symm_mem.checks if not c.ran})
+    pre = ranks[0].preflight
+    data_out: dict[str, object] = {
         "sglang": version,
         "world_size": len(ranks),
         **{c.name.replace(" ", "_"): "on" if c.on else "off" for c in choices},
-        "preflight_sizes": pre.get("sizes"),
+        "preflight_sizes": list(pre.sizes) if pre is not None and pre.sizes is not None else None,
         "fusion_max_rel_err": errors,
         "symm_mem_not_taken": skipped,
     }
@@ -173,9 +171,14 @@ def judge_sglang_comm(data: Mapping[str, Any]) -> Result:
     return _result(Status.PASS, summary, details=details, data=data_out)
 
 
-def _lines(rank: Mapping[str, Any], part: str) -> list[str]:
-    section = rank.get(part)
-    return [str(x) for x in section.get("log", [])] if isinstance(section, Mapping) else []
+def _lines(rank: SglangRank) -> list[str]:
+    """The log lines SGLang wrote in the preflight, the communicator and the fused run, in that order."""
+    sections = (
+        rank.preflight.log if rank.preflight is not None else (),
+        rank.symm_mem.log if rank.symm_mem is not None else (),
+        (rank.fusion.log or ()) if rank.fusion is not None else (),
+    )
+    return [line for section in sections for line in section]
 
 
 CHECKS = (SglangComm,)

@@ -49,7 +49,7 @@ class StackCheck:
     """The stack venv's torch, flashinfer-python, sglang, sglang-kernel and other pins equal the manifest's."""
 
     id: ClassVar[str] = "stack"
-    family: ClassVar[str] = "stack"
+    family: ClassVar[str] = "python_stack"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ()
@@ -57,8 +57,7 @@ class StackCheck:
     def run(self, ctx: Context) -> Result:
         if (absent := stackenv.missing_venv(ctx, self.id)) is not None:
             return absent
-        venv = stackenv.prefix(ctx)
-        installed = stackenv.installed(venv)
+        venv, installed = ctx.facts.venv, ctx.facts.distributions
         if ctx.manifest is None:
             found = (
                 ", ".join(f"{k} {installed[k]}" for k in KEY_PACKAGES if k in installed)

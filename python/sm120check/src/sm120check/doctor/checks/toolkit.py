@@ -4,43 +4,18 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check.doctor import child, remedies, versions
+from sm120check import versions
+from sm120check.doctor import child, remedies
+from sm120check.doctor.facts import CudaHome
 from sm120check.doctor.model import Context, Result, Status
 
 _NVCC_VERSION = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")
-DEFAULT_HOME = "/usr/local/cuda"
 FIX = f"{remedies.CUDA_TOOLKIT}, then {remedies.CUDA_ENV} (sets CUDA_HOME / CUDA_PATH / PATH)"
-
-
-@dataclass(frozen=True)
-class CudaHome:
-    path: str  # "" when nothing was found
-    source: str  # "CUDA_HOME", "CUDA_PATH", "which nvcc", "/usr/local/cuda" or "none"
-
-
-def resolve_cuda_home(
-    environ: Mapping[str, str],
-    which: Callable[[str], str | None] = shutil.which,
-    exists: Callable[[str], bool] = os.path.exists,
-) -> CudaHome:
-    """CUDA_HOME exactly as FlashInfer's JIT finds it: CUDA_HOME, CUDA_PATH, `which nvcc`, /usr/local/cuda."""
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if environ.get(var):
-            return CudaHome(environ[var], var)
-    nvcc = which("nvcc")
-    if nvcc:
-        return CudaHome(str(Path(nvcc).parent.parent), "which nvcc")
-    if exists(DEFAULT_HOME):
-        return CudaHome(DEFAULT_HOME, DEFAULT_HOME)
-    return CudaHome("", "none")
 
 
 def parse_nvcc_version(text: str) -> tuple[str, str] | None:
@@ -150,13 +125,13 @@ class ToolkitCheck:
     """CUDA_HOME resolves like FlashInfer's JIT does, its nvcc is the manifest's version and can target sm_120."""
 
     id: ClassVar[str] = "toolkit"
-    family: ClassVar[str] = "toolkit"
+    family: ClassVar[str] = "cuda_toolkit"
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
-        home = resolve_cuda_home(os.environ)
+        home = ctx.facts.toolkit_home
         version_out = codes = None
         if home.path:
             nvcc = f"{home.path}/bin/nvcc"
@@ -182,13 +157,13 @@ class NvccSm120Check:
     """nvcc really compiles a CUDA kernel to an sm_120 cubin."""
 
     id: ClassVar[str] = "nvcc_sm120"
-    family: ClassVar[str] = "toolkit"
+    family: ClassVar[str] = "cuda_toolkit"
     level: ClassVar[int] = 2
     requires: ClassVar[tuple[str, ...]] = ("toolkit",)
     uses: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: Context) -> Result:
-        home = str(ctx.results["toolkit"].data.get("cuda_home", ""))
+        home = ctx.facts.toolkit_home.path  # `toolkit` passed: this home's nvcc runs and targets sm_120
         with tempfile.TemporaryDirectory(prefix="sm120check-nvcc-") as tmp:
             source, cubin = Path(tmp, "probe.cu"), Path(tmp, "probe.cubin")
             source.write_text(_PROBE_SOURCE, encoding="utf-8")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import ClassVar
 
-from sm120check.doctor import child, remedies, stackenv, versions
+from sm120check import versions
+from sm120check.doctor import child, remedies, stackenv
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.payloads.torch_info import TorchInfo
 
 PROBE = "sm120check.doctor.probes.torch_info"
 NCCL_MIN = "2.26.2"  # older NCCL fails on SM120 ("ncclMaxSharedMem ... exceeds"): the floor without a manifest
@@ -14,30 +16,31 @@ TORCH_PROFILE = "full"  # the shipped profile that installs torch (a manifest `p
 FIX = f"{remedies.PYTHON_STACK} (sm120kit_profiles: torch pinned to a CUDA 13 build, >= 2.11)"
 
 
-def torch_verdict(info: Mapping[str, object], toolkit_release: str, gpus_expected: bool, want_nccl: str = "") -> Result:
+def torch_verdict(info: TorchInfo, toolkit_release: str, gpus_expected: bool, want_nccl: str = "") -> Result:
     """Verdict from the probe's report, CUDA_HOME's nvcc release ("" if unknown) and whether the driver shows GPUs.
 
     `want_nccl` is the manifest's nccl.version: torch must load exactly that NCCL (the one the nccl role installed);
     without a manifest, the SM120 floor NCCL_MIN applies.
     """
-    if info.get("import_error"):
+    if info.import_error:
         return Result(
             "torch",
             Status.FAIL,
             "import torch fails",
-            details=str(info["import_error"])[-2000:],
+            details=info.import_error[-2000:],
             remedy=FIX,
         )
-    arch_list = [str(a) for a in info.get("arch_list", []) or []]  # type: ignore[attr-defined]
-    cuda = str(info.get("cuda") or "")
-    nccl = str(info.get("nccl") or "")
-    data = {
-        k: info[k]
+    arch_list = list(info.arch_list)
+    cuda = info.cuda or ""
+    nccl = info.nccl or ""
+    printed = info.to_json()
+    data: dict[str, object] = {
+        k: printed[k]
         for k in ("version", "cuda", "nccl", "cuda_available", "device_count", "import_s", "maps")
-        if k in info
+        if k in printed
     }
     data["arch_list"] = arch_list
-    summary = f"torch {info.get('version')} (CUDA {cuda or 'none'}, NCCL {nccl or '?'})"
+    summary = f"torch {info.version} (CUDA {cuda or 'none'}, NCCL {nccl or '?'})"
     problems: list[str] = []
     if not cuda:
         problems.append("a CPU-only build")
@@ -60,18 +63,18 @@ def torch_verdict(info: Mapping[str, object], toolkit_release: str, gpus_expecte
             remedy=f"{remedies.CUDA_TOOLKIT} and {remedies.CUDA_ENV} (CUDA_HOME to a {cuda} toolkit)",
             data=data,
         )
-    if gpus_expected and not info.get("cuda_available"):
+    if gpus_expected and not info.cuda_available:
         return Result(
             "torch",
             Status.FAIL,
             f"{summary}, but torch.cuda.is_available() is False",
-            details=str(info.get("cuda_error", "")),
+            details=info.cuda_error,
             remedy=remedies.DRIVER,
             data=data,
         )
-    if gpus_expected and info.get("op_ok") is False:
+    if gpus_expected and info.op_ok is False:
         return Result("torch", Status.FAIL, f"{summary}: a CUDA tensor op returned a wrong result", data=data)
-    where = f"{info.get('device_count')} GPU(s) usable" if gpus_expected else "CUDA use not tried: no NVIDIA driver"
+    where = f"{info.device_count} GPU(s) usable" if gpus_expected else "CUDA use not tried: no NVIDIA driver"
     return Result("torch", Status.PASS, f"{summary}, sm_120 in arch list, {where}", data=data)
 
 
@@ -96,18 +99,18 @@ class TorchCheck:
     """torch is a CUDA 13 build with sm_120 kernels, loads the manifest's NCCL, CUDA usable, agrees with CUDA_HOME."""
 
     id: ClassVar[str] = "torch"
-    family: ClassVar[str] = "torch"
+    family: ClassVar[str] = "python_stack"
     level: ClassVar[int] = 2
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ("toolkit", "driver")
 
     def run(self, ctx: Context) -> Result:
-        venv = stackenv.prefix(ctx)
+        venv = ctx.facts.venv
         m = ctx.manifest
-        if "torch" not in stackenv.installed(venv):
+        if "torch" not in ctx.facts.distributions:
             return missing_torch_verdict(str(venv), m.profile if m else "")
         outcome = child.run_probe(
-            PROBE, timeout=ctx.timeout, python=str(stackenv.python(ctx)), env=stackenv.probe_env()
+            PROBE, timeout=ctx.timeout, python=str(ctx.facts.venv_python), env=stackenv.probe_env()
         )
         if not outcome.ok:
             return Result(
@@ -117,11 +120,15 @@ class TorchCheck:
                 details=outcome.stderr_tail[-2000:],
                 remedy=FIX,
             )
+        try:
+            info = TorchInfo.from_json(outcome.data)
+        except PayloadError as exc:
+            return Result(self.id, Status.FAIL, f"the torch probe printed a malformed answer: {exc}", remedy=FIX)
         toolkit = ctx.results.get("toolkit")
         release = str(toolkit.data.get("release", "")) if toolkit else ""
-        driver = ctx.results.get("driver")
-        gpus = driver is not None and driver.status in (Status.PASS, Status.WARN) and bool(driver.data.get("gpu_count"))
-        return torch_verdict(outcome.data, release, gpus, m.nccl.version if m else "")
+        driver = ctx.results.get("driver")  # a driver that failed (too old) or skipped: CUDA use is not expected
+        gpus = driver is not None and driver.status in (Status.PASS, Status.WARN) and bool(ctx.facts.gpus)
+        return torch_verdict(info, release, gpus, m.nccl.version if m else "")
 
 
 CHECKS = (TorchCheck,)

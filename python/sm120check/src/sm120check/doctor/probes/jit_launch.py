@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 from sm120check.doctor import cuda_api, nvrtc_api
 from sm120check.doctor.child import emit
+from sm120check.doctor.payloads.jit_launch import JitLaunch, LaunchRow
 
 N = 4099  # not a multiple of the block size: the bounds check is exercised too
 A = 2654435761
@@ -35,20 +37,19 @@ def main() -> None:
         dev, name, cc = driver.device(ordinal)
         arch = nvrtc_api.arch_of(*cc)
         compiled = nvrtc.compile(arch)
-        row: dict[str, object] = {"gpu": ordinal, "name": name, "cc": f"{cc[0]}.{cc[1]}", "arch": arch}
+        row = LaunchRow(ordinal, name, f"{cc[0]}.{cc[1]}", arch, ok=False)
         if not compiled.ok:
-            row.update(ok=False, error=f"NVRTC {compiled.error} for {arch}", log=compiled.log[-1000:])
-            gpus.append(row)
+            gpus.append(replace(row, error=f"NVRTC {compiled.error} for {arch}", log=compiled.log[-1000:]))
             continue
         start = time.monotonic()
         try:
             out = driver.run_axpy(dev, compiled.cubin, nvrtc_api.TEST_KERNEL_NAME, A, x, y)
         except cuda_api.CudaError as exc:
-            row.update(ok=False, error=str(exc))
-            gpus.append(row)
+            gpus.append(replace(row, error=str(exc)))
             continue
         mismatches = sum(1 for got, want in zip(out, expected, strict=True) if got != want)
-        row.update(
+        row = replace(
+            row,
             ok=mismatches == 0,
             mismatches=mismatches,
             elements=N,
@@ -57,7 +58,7 @@ def main() -> None:
             launch_s=round(time.monotonic() - start, 4),
         )
         gpus.append(row)
-    emit({"nvrtc": nvrtc.path, "gpus": gpus})
+    emit(JitLaunch(nvrtc.path, tuple(gpus)).to_json())
 
 
 if __name__ == "__main__":

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 from sm120check.doctor import nvml_api
 from sm120check.doctor.child import emit, step
+from sm120check.doctor.payloads.nvml_info import NvmlAnswer
 
 
 def main() -> None:
     try:
         info = nvml_api.read(step)
     except nvml_api.NvmlUnavailable as exc:
-        emit({"error": str(exc)})
+        emit(NvmlAnswer(None, str(exc)).to_json())
         return
-    emit({"info": nvml_api.to_dict(info)})
+    emit(NvmlAnswer(info).to_json())
 
 
 if __name__ == "__main__":

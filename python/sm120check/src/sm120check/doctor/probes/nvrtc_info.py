@@ -11,7 +11,7 @@ segfaults ends as a verdict instead of hanging or killing the doctor.
 from __future__ import annotations
 
 import argparse
-import base64
+from dataclasses import replace
 
 from sm120check.doctor import nvrtc_api
 from sm120check.doctor.child import emit, step
@@ -25,34 +25,22 @@ def main() -> None:
     try:
         opened = nvrtc_api.Nvrtc.open()
     except OSError as exc:
-        emit({"open_error": str(exc)})
+        emit(nvrtc_api.NvrtcInfo(open_error=str(exc)).to_json())
         return
-    report: dict[str, object] = {"path": opened.path}
+    report = nvrtc_api.NvrtcInfo(path=opened.path)
     where = opened.path or nvrtc_api.SONAME
     try:
         step(f"nvrtcVersion in {where}")
-        report["version"] = list(opened.version())
+        report = replace(report, version=opened.version())
         step(f"nvrtcGetSupportedArchs in {where}")
-        report["archs"] = opened.supported_archs()
+        report = replace(report, archs=tuple(opened.supported_archs()))
     except (nvrtc_api.NvrtcError, AttributeError) as exc:
-        report["version_error"] = str(exc)
+        report = replace(report, version_error=str(exc))
     compiled = []
     for arch in [a.strip() for a in args.compile.split(",") if a.strip()]:
         step(f"nvrtcCompileProgram for {arch} in {where}")
-        c = opened.compile(arch)
-        compiled.append(
-            {
-                "arch": c.arch,
-                "ok": c.ok,
-                "code": c.code,
-                "cubin": base64.b64encode(c.cubin).decode(),
-                "log": c.log[-4000:],
-                "seconds": c.seconds,
-            }
-        )
-    if compiled:
-        report["compiled"] = compiled
-    emit(report)
+        compiled.append(opened.compile(arch))
+    emit(replace(report, compiled=tuple(compiled)).to_json())
 
 
 if __name__ == "__main__":

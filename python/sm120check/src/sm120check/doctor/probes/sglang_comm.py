@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from sm120check.doctor.child import emit
+from sm120check.doctor.payloads import Fields
+from sm120check.doctor.payloads.sglang_comm import PROBE, SglangCommAnswer, SglangRank
 from sm120check.doctor.probes import collective as co
 from sm120check.doctor.probes.ranks import RankContext, launch
 
@@ -223,16 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     os.environ.update(SGLANG_ENV)  # the ranks inherit it
     result = launch("sm120check.doctor.probes.sglang_comm:rank_main", len(gpus), args, timeout=ns.timeout)
-    emit(
-        {
-            "ok": result.ok,
-            "problem": result.problem,
-            "timed_out": result.timed_out,
-            "seconds": round(result.seconds, 2),
-            "ranks": [dict(r.data) for r in result.ranks],
-            "evidence": result.evidence,
-        }
+    ranks = tuple(SglangRank.from_json(Fields(PROBE, dict(r.data), f"ranks[{i}]")) for i, r in enumerate(result.ranks))
+    answer = SglangCommAnswer(
+        result.ok, result.problem, result.timed_out, round(result.seconds, 2), ranks, result.evidence
     )
+    emit(answer.to_json())
     return 0
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sm120check.sglang import eagle, fusion, preflight, symm_mem
-from sm120check.sglang.tree import FLASHINFER_MIN_FOR_SM120, ComputeCapability, SourceTree, parse_version
+from sm120check.sglang import eagle, fusion_gates, preflight, symm_mem_gates
+from sm120check.sglang.tree import FLASHINFER_MIN_FOR_SM120, ComputeCapability, SourceTree, parse_flashinfer_version
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,8 @@ class ScanReport:
     cc: ComputeCapability
     flashinfer: str | None
     flashinfer_origin: str
-    symm: symm_mem.SymmMemScan
-    gates: tuple[fusion.FusionGate, ...]
+    symm: symm_mem_gates.SymmMemScan
+    gates: tuple[fusion_gates.SourceGate, ...]
     eagle: eagle.EagleScan
     findings: tuple[Finding, ...]
     preflight: preflight.PreflightScan | None = None
@@ -61,7 +61,7 @@ class ScanReport:
         }
 
 
-def _gate_finding(gate: fusion.FusionGate, cc: ComputeCapability, flashinfer: str | None) -> Finding:
+def _gate_finding(gate: fusion_gates.SourceGate, cc: ComputeCapability, flashinfer: str | None) -> Finding:
     fid = f"fusion-gate:{gate.path}::{gate.function}"
     where = f"{gate.kind} gate `{gate.expression}` in {gate.function}"
     if cc.major in gate.majors:
@@ -74,7 +74,7 @@ def _gate_finding(gate: fusion.FusionGate, cc: ComputeCapability, flashinfer: st
         return Finding(
             fid, False, False, f"{where} does not admit 12; FlashInfer is not installed, left as is", gate.path
         )
-    if parse_version(flashinfer) < FLASHINFER_MIN_FOR_SM120:
+    if parse_flashinfer_version(flashinfer) < FLASHINFER_MIN_FOR_SM120:
         need = ".".join(map(str, FLASHINFER_MIN_FOR_SM120))
         summary = f"{where} does not admit 12; FlashInfer {flashinfer} < {need} has no SM120 fusion kernels, left as is"
         return Finding(fid, False, False, summary, gate.path)
@@ -85,12 +85,14 @@ AUTO_ENABLE_ID = "fusion-auto-enable:"
 PREFLIGHT_ID = "fusion-preflight"
 
 
-def _auto_enable_finding(gate: fusion.FusionGate, cc: ComputeCapability, flashinfer: str | None) -> Finding | None:
+def _auto_enable_finding(
+    gate: fusion_gates.SourceGate, cc: ComputeCapability, flashinfer: str | None
+) -> Finding | None:
     """Only the auto-enable that turns fusion on for this major with a FlashInfer that has no kernels for it (the
     startup crash of sglang#15650, 0.5.4.post3 to 0.5.7) is a finding; the others are notes in the render."""
     if cc.major != 12 or cc.major not in gate.majors or flashinfer is None:
         return None
-    if parse_version(flashinfer) >= FLASHINFER_MIN_FOR_SM120:
+    if parse_flashinfer_version(flashinfer) >= FLASHINFER_MIN_FOR_SM120:
         return None
     fid = f"{AUTO_ENABLE_ID}{gate.path}::{gate.function}"
     summary = (
@@ -118,7 +120,7 @@ def _preflight_finding(workspace: preflight.PreflightScan, cc: ComputeCapability
     if flashinfer is None:
         reason = "; FlashInfer is not installed, left as is"
         return Finding(PREFLIGHT_ID, False, False, problem + reason, workspace.path)
-    if parse_version(flashinfer) < preflight.FLASHINFER_NON_MULTICAST:
+    if parse_flashinfer_version(flashinfer) < preflight.FLASHINFER_NON_MULTICAST:
         reason = f"; FlashInfer {flashinfer} < {need} may allocate differently, left as is"
         return Finding(PREFLIGHT_ID, False, False, problem + reason, workspace.path)
     fix = f", although FlashInfer {flashinfer} creates that workspace without multicast"
@@ -130,8 +132,8 @@ def _names(keys: tuple[int, ...]) -> str:
 
 
 def run(tree: SourceTree, cc: ComputeCapability, flashinfer: str | None, flashinfer_origin: str) -> ScanReport:
-    symm = symm_mem.scan(tree)
-    gates = fusion.scan(tree)
+    symm = symm_mem_gates.scan(tree)
+    gates = fusion_gates.scan(tree)
     found = eagle.scan(tree)
     sizes, multimem = symm.sizes_map, symm.multimem_map
     major = cc.major

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 
 from sm120check.bench.apis import PATHS, Api, RequestSpec, StreamFormatError, StreamTally, build_body
 from sm120check.bench.http import Connection, Endpoint, HttpError
+from sm120check.bench.percentiles import Dist
 from sm120check.bench.records import LevelSummary, RequestRow
-from sm120check.bench.stats import Dist
 from sm120check.bench.wire import SseDecoder, WireError
 
 _MAX_ERROR_SAMPLES = 5

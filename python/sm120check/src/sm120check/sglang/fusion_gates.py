@@ -33,7 +33,9 @@ _ATTR = re.compile(r"is_sm(\d+)")
 
 
 @dataclass(frozen=True)
-class FusionGate:
+class SourceGate:
+    """A `sm90 or sm100` condition in SGLang's source that keeps allreduce fusion to the majors it names."""
+
     path: str
     function: str
     kind: str  # "runtime", "backend" or "auto-enable"
@@ -163,7 +165,7 @@ def _term_majors(term: ast.expr, blackwell: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(set(majors)))
 
 
-def _auto_enable_gates(tree: SourceTree) -> list[FusionGate]:
+def _auto_enable_gates(tree: SourceTree) -> list[SourceGate]:
     files = [AUTO_ENABLE_FILES[0]] if tree.exists(AUTO_ENABLE_FILES[0]) else []
     if (tree.root / AUTO_ENABLE_FILES[1]).is_dir():
         files += tree.files(AUTO_ENABLE_FILES[1])
@@ -177,11 +179,11 @@ def _auto_enable_gates(tree: SourceTree) -> list[FusionGate]:
                 continue
             if "allreduce_fusion" in ast.unparse(node.test).lower():
                 for _, gate in _gates_in(node.test):
-                    gates.append(FusionGate(rel, function, "auto-enable", ast.unparse(gate), _majors(gate)))
+                    gates.append(SourceGate(rel, function, "auto-enable", ast.unparse(gate), _majors(gate)))
             term = _blackwell_term(node.test)
             if term is not None and _sets_fusion_on(node.body):  # 0.5.4.post3 to 0.5.7: SM120 admitted
                 blackwell = blackwell_majors(tree) if blackwell is None else blackwell
-                gates.append(FusionGate(rel, function, "auto-enable", ast.unparse(term), _term_majors(term, blackwell)))
+                gates.append(SourceGate(rel, function, "auto-enable", ast.unparse(term), _term_majors(term, blackwell)))
     return gates
 
 
@@ -201,15 +203,15 @@ def restrict_auto_enable(text: str, rel: str) -> str:
     return import_helper(text, rel, SM100_HELPER)
 
 
-def scan(tree: SourceTree) -> tuple[FusionGate, ...]:
-    gates: list[FusionGate] = []
+def scan(tree: SourceTree) -> tuple[SourceGate, ...]:
+    gates: list[SourceGate] = []
     for rel, kind in GATE_FILES.items():
         if not tree.exists(rel):
             continue
         module = tree.parse(rel)
         found = _gates_in(module)
         for function, gate in found:
-            gates.append(FusionGate(rel, function, kind, ast.unparse(gate), _majors(gate)))
+            gates.append(SourceGate(rel, function, kind, ast.unparse(gate), _majors(gate)))
         gated = {function for function, _ in found}
         for node in ast.walk(module):
             if isinstance(node, ast.FunctionDef) and node.name in GATE_FUNCTIONS and node.name not in gated:

@@ -1,0 +1,198 @@
+"""Facts several checks share, computed once before the checks run (as repo-review computes its fixtures).
+
+The CLI reads them before the first check (`local` with the manifest, then `gather` asks NVML), bounded, and
+the runner hands the same frozen `NodeFacts` to every check through `Context.facts`: the GPU list NVML reported
+(typed `Gpu`, or why there is none), the CUDA toolkit home FlashInfer's JIT would use, the stack venv and its
+distributions, FlashInfer's version there, and the manifest they follow.
+A check reads facts, never another check's `data`.
+
+This module sits below the checks and the model: it imports the NVML payload, the manifest and the child runner.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from types import MappingProxyType
+
+from sm120check.doctor import child
+from sm120check.doctor.nvml_api import Gpu, NvmlInfo
+from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.payloads.nvml_info import NvmlAnswer
+from sm120check.manifest import Manifest
+
+NVML_PROBE = "sm120check.doctor.probes.nvml_info"
+NVML_TIMEOUT = 30.0  # NVML reads take well under a second; a GPU off the bus can make nvmlInit slow, not this slow
+DEFAULT_HOME = "/usr/local/cuda"
+FLASHINFER = "flashinfer-python"
+
+
+@dataclass(frozen=True)
+class CudaHome:
+    path: str  # "" when nothing was found
+    source: str  # "CUDA_HOME", "CUDA_PATH", "which nvcc", "/usr/local/cuda" or "none"
+
+
+def resolve_cuda_home(
+    environ: Mapping[str, str],
+    which: Callable[[str], str | None] = shutil.which,
+    exists: Callable[[str], bool] = os.path.exists,
+) -> CudaHome:
+    """CUDA_HOME exactly as FlashInfer's JIT finds it: CUDA_HOME, CUDA_PATH, `which nvcc`, /usr/local/cuda."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if environ.get(var):
+            return CudaHome(environ[var], var)
+    nvcc = which("nvcc")
+    if nvcc:
+        return CudaHome(str(Path(nvcc).parent.parent), "which nvcc")
+    if exists(DEFAULT_HOME):
+        return CudaHome(DEFAULT_HOME, DEFAULT_HOME)
+    return CudaHome("", "none")
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name: "Flashinfer_Python" -> "flashinfer-python"."""
+    return "-".join(name.lower().replace("_", "-").replace(".", "-").split("-"))
+
+
+def venv_of(manifest: Manifest | None) -> Path:
+    """The stack venv the doctor judges: the manifest's `venv`, else the interpreter running the doctor."""
+    if manifest is not None and manifest.venv:
+        return Path(manifest.venv)
+    return Path(sys.prefix)
+
+
+def site_packages(venv: Path) -> list[Path]:
+    if venv.resolve() == Path(sys.prefix).resolve():
+        return [Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    return sorted(p for p in venv.glob("lib/python3*/site-packages") if p.is_dir())
+
+
+def distributions(venv: Path) -> dict[str, str]:
+    """Installed distributions of the venv: normalized name -> version (first one on the path wins)."""
+    found: dict[str, str] = {}
+    paths = [str(p) for p in site_packages(venv)]
+    for dist in metadata.distributions(path=paths):
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(normalize(name), dist.version)
+    return found
+
+
+def flashinfer_version(manifest: Manifest | None, installed: Mapping[str, str]) -> str:
+    """flashinfer-python's version in the stack venv ("" if absent); without a manifest venv, the version the
+    running interpreter imports (its whole path, not only site-packages)."""
+    if manifest is not None and manifest.venv:
+        return installed.get(FLASHINFER, "")
+    try:
+        return metadata.version(FLASHINFER)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+@dataclass(frozen=True)
+class NvmlFacts:
+    """What the NVML probe said: `info` when NVML answered; else `error` (NVML does not load) or `problem` (the
+    probe hung, crashed or printed nothing, with the `step` it was in and its stderr)."""
+
+    info: NvmlInfo | None = None
+    error: str = ""
+    problem: str = ""
+    step: str = ""
+    stderr_tail: str = ""
+
+    @property
+    def why_no_gpus(self) -> str:
+        if self.info is not None:
+            return ""
+        return f"the NVML probe {self.problem}" if self.problem else f"NVML does not load: {self.error}"
+
+
+def read_nvml(timeout: float) -> NvmlFacts:
+    """Run the NVML probe in its child (bounded by min(timeout, NVML_TIMEOUT)) and type its answer."""
+    outcome = child.run_probe(NVML_PROBE, timeout=min(timeout, NVML_TIMEOUT))
+    if not outcome.ok:
+        return NvmlFacts(problem=outcome.problem, step=outcome.step, stderr_tail=outcome.stderr_tail)
+    return nvml_facts(outcome.data)
+
+
+def nvml_facts(data: Mapping[str, object]) -> NvmlFacts:
+    """The NVML probe's JSON -> facts; a malformed answer is an NVML error naming the bad field."""
+    try:
+        answer = NvmlAnswer.from_json(data)
+    except PayloadError as exc:
+        return NvmlFacts(error=f"the NVML probe's answer is malformed: {exc}")
+    return NvmlFacts(answer.info, answer.error or ("" if answer.info else "the NVML probe gave no answer"))
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """The inputs several checks share, computed once. NVML's answer may still be coming when the checks start
+    (`gather` asks it in the background): reading `nvml` or a GPU fact waits for it, bounded by the probe's
+    timeout; checks that read no GPU fact do not wait. `nvml` None: NVML was not asked (the driver check is not in
+    the run, or the facts were built without it): every GPU fact is then missing, as without a driver."""
+
+    nvml_read: NvmlFacts | Future[NvmlFacts] | None = None
+    toolkit_home: CudaHome = CudaHome("", "none")
+    venv: Path = field(default_factory=lambda: Path(sys.prefix))
+    distributions: Mapping[str, str] = field(default_factory=dict)  # the stack venv's: normalized name -> version
+    flashinfer: str = ""  # flashinfer-python's version in the stack venv, "" if absent
+    manifest: Manifest | None = None
+
+    @property
+    def nvml(self) -> NvmlFacts | None:
+        """What NVML said (waiting for the probe if it still runs); None when it was not asked."""
+        read = self.nvml_read
+        if not isinstance(read, Future):
+            return read
+        while not wait([read], timeout=0.2).done:  # woken often: a signal handler in the main thread must run
+            pass
+        return read.result()
+
+    @property
+    def gpus(self) -> tuple[Gpu, ...] | None:
+        """The GPUs NVML lists (possibly none); None when NVML gave no list (`gpus_missing` says why)."""
+        return self.nvml.info.gpus if self.nvml is not None and self.nvml.info is not None else None
+
+    @property
+    def gpus_missing(self) -> str:
+        if self.nvml is None:
+            return "NVML was not asked (the driver check is not in this run)"
+        return self.nvml.why_no_gpus
+
+    @property
+    def venv_python(self) -> Path:
+        """The stack venv's interpreter (the running one when the venv is the doctor's own)."""
+        if self.venv.resolve() == Path(sys.prefix).resolve():
+            return Path(sys.executable)
+        return self.venv / "bin" / "python"
+
+
+def local(manifest: Manifest | None = None, environ: Mapping[str, str] | None = None) -> NodeFacts:
+    """The facts that need no child process: toolkit home, stack venv and its distributions, FlashInfer."""
+    venv = venv_of(manifest)
+    installed = distributions(venv)
+    return NodeFacts(
+        toolkit_home=resolve_cuda_home(os.environ if environ is None else environ),
+        venv=venv,
+        distributions=MappingProxyType(installed),
+        flashinfer=flashinfer_version(manifest, installed),
+        manifest=manifest,
+    )
+
+
+def gather(base: NodeFacts, *, timeout: float, nvml: bool) -> NodeFacts:
+    """`base` (the local facts) with NVML asked when `nvml`: its probe starts now, in a child bounded by
+    min(timeout, NVML_TIMEOUT), read by a background thread, so checks that need no GPU fact start at once."""
+    if not nvml:
+        return base
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sm120check-nvml")
+    answer = pool.submit(read_nvml, timeout)
+    pool.shutdown(wait=False)
+    return replace(base, nvml_read=answer)

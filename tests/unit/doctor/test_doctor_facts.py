@@ -1,0 +1,258 @@
+"""Facts before checks: NVML is asked once, before the checks, and every check judges the same typed GPU list;
+the probes' payloads are one type each, printed by the probe and read strictly by the judge."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from doctor_helpers import SRC, facts_for, gpu, write_manifest
+
+from sm120check.doctor import child, cli, facts, nvrtc_api
+from sm120check.doctor.checks import comm, driver, jit, sglang, torch
+from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.nvml_api import Gpu, NvmlInfo
+from sm120check.doctor.nvrtc_api import Compiled, NvrtcInfo, answer_from
+from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.payloads.jit_launch import JitLaunch, LaunchRow
+from sm120check.doctor.payloads.nvml_info import NvmlAnswer
+from sm120check.doctor.payloads.sglang_comm import SglangCommAnswer
+from sm120check.doctor.payloads.torch_info import TorchInfo
+
+GUARD = 60  # seconds: a hang guard for a doctor that must stop at once
+H200 = NvmlInfo(
+    "580.159.04",
+    13000,
+    (Gpu(0, "NVIDIA H200", (9, 0), True, "00000000:01:00.0"), Gpu(1, "NVIDIA H200", (9, 0), False, "00000000:02:00.0")),
+    "pynvml",
+)
+
+
+def _doctor_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    return parser.parse_args(["doctor", *argv])
+
+
+def test_nvml_is_asked_once_and_the_driver_and_persistence_checks_judge_its_list(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    asked: list[str] = []
+
+    def run_probe(module: str, *args: Any, **kwargs: Any) -> child.ChildOutcome:
+        asked.append(module)
+        return child.ChildOutcome(ok=True, data=NvmlAnswer(H200).to_json())
+
+    monkeypatch.setattr(child, "run_probe", run_probe)
+    manifest = write_manifest(tmp_path)
+    args = _doctor_args("--select", "gpu_persistence", "--json", "--manifest", str(manifest))
+    assert cli.main(args) == 0
+    results = {r["id"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert asked == [facts.NVML_PROBE]  # once, for both checks
+    assert results["driver"]["data"]["gpus"][1] == {
+        "index": 1,
+        "name": "NVIDIA H200",
+        "cc": "9.0",
+        "persistence": False,
+        "bus_id": "00000000:02:00.0",
+    }
+    assert results["gpu_persistence"]["summary"] == "persistence mode is off on GPU 1"
+
+
+def test_a_run_without_the_driver_check_does_not_ask_nvml(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    def run_probe(module: str, *args: Any, **kwargs: Any) -> child.ChildOutcome:
+        raise AssertionError(f"no probe may start: {module}")
+
+    monkeypatch.setattr(child, "run_probe", run_probe)
+    args = _doctor_args("--select", "stack", "--json", "--manifest", str(write_manifest(tmp_path)))
+    cli.main(args)
+    (result,) = json.loads(capsys.readouterr().out)["results"]
+    assert result["id"] == "stack"
+
+
+def test_checks_that_read_the_gpu_list_no_longer_declare_the_driver_for_it() -> None:
+    assert sglang.SglangSm120.uses == () and sglang.SglangSm120.requires == ()
+    # A failed driver must still skip these: the list is there, the driver is too old for it.
+    assert driver.PersistenceCheck.requires == ("driver",) and comm.NcclAllreduce.requires == ("driver", "torch")
+    # These judge the driver's status (a too-old driver: no GPU work expected), the GPU list comes from the facts.
+    assert jit.Sm120JitCheck.uses == ("driver",) and "driver" in torch.TorchCheck.uses
+
+
+def test_sglang_check_reads_the_first_gpus_capability_from_the_facts() -> None:
+    assert sglang._gpu_cc(Context(facts=facts_for((gpu(0, cc=(12, 0)), gpu(1, cc=(9, 0)))))) == "12.0"
+    assert sglang._gpu_cc(Context(facts=facts_for(None, nvml_error="libnvidia-ml.so.1 does not load"))) is None
+
+
+def test_gpu_work_is_expected_only_when_the_driver_passed_and_nvml_listed_gpus() -> None:
+    compiled = [Compiled(a, True, 0, b"x") for a in jit.TARGETS]
+    launched: list[str] = []
+
+    def probe(timeout: float, compile_for: Any = ()) -> Any:
+        from sm120check.doctor.nvrtc_api import Opened, ProbeAnswer
+
+        return ProbeAnswer(opened=Opened("/l/libnvrtc.so.13", (13, 0), (120,), tuple(compiled)))
+
+    def run_probe(module: str, *args: Any, **kwargs: Any) -> child.ChildOutcome:
+        launched.append(module)
+        row = LaunchRow(0, "NVIDIA H200", "9.0", "sm_90", True, mismatches=0, elements=4099)
+        return child.ChildOutcome(ok=True, data=JitLaunch("/l/libnvrtc.so.13", (row,)).to_json())
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nvrtc_api, "probe", probe)
+        mp.setattr(child, "run_probe", run_probe)
+        old = {"driver": Result("driver", Status.FAIL, "driver 570 is older than 580.65.06")}
+        too_old = Context(facts=facts_for((gpu(0),)), results=old)
+        assert "nothing launched" in jit.Sm120JitCheck().run(too_old).summary and launched == []
+        ok = Context(facts=facts_for((gpu(0),)), results={"driver": Result("driver", Status.PASS, "driver ok")})
+        result = jit.Sm120JitCheck().run(ok)
+    assert launched == [jit.PROBE] and result.status is Status.PASS, result
+    assert result.data["gpus"] == [
+        {"gpu": 0, "name": "NVIDIA H200", "cc": "9.0", "arch": "sm_90", "ok": True, "mismatches": 0, "elements": 4099}
+    ]
+
+
+def test_facts_follow_the_manifests_venv(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    site = venv / "lib" / "python3.12" / "site-packages"
+    (site / "flashinfer_python-0.7.2.dist-info").mkdir(parents=True)
+    (site / "flashinfer_python-0.7.2.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: flashinfer_python\nVersion: 0.7.2\n", encoding="utf-8"
+    )
+    manifest_path = write_manifest(tmp_path)
+    data = json.loads(manifest_path.read_text())
+    manifest_path.write_text(json.dumps({**data, "venv": str(venv)}), encoding="utf-8")
+    from sm120check import manifest
+
+    found = facts.local(manifest.load(manifest_path))
+    assert found.venv == venv and found.venv_python == venv / "bin" / "python"
+    assert dict(found.distributions) == {"flashinfer-python": "0.7.2"} and found.flashinfer == "0.7.2"
+    assert found.gpus is None and "not asked" in found.gpus_missing
+
+
+# --- payloads: one type, printed by the probe, read strictly by the judge -----------------------------------------
+
+
+def test_payloads_survive_the_json_round_trip() -> None:
+    torch_info = TorchInfo(
+        True, import_s=1.5, version="2.11.0+cu130", cuda="13.0", file="/v/torch/__init__.py",
+        arch_list=("sm_90", "sm_120"), nccl="2.28.9", cuda_available=True, device_count=2, op_ok=True,
+        capabilities=("12.0", "12.0"), maps={"libnccl": ("/v/nvidia/nccl/lib/libnccl.so.2",)}, seconds=3.0,
+    )  # fmt: skip
+    launch = JitLaunch("/l/libnvrtc.so.13", (LaunchRow(0, "H200", "9.0", "sm_90", False, error="CUDA_ERROR_X"),))
+    nvrtc = NvrtcInfo(path="/l/libnvrtc.so.13", version=(13, 0), archs=(90, 120))
+    for payload in (torch_info, launch, nvrtc, NvmlAnswer(H200), NvmlAnswer(None, "no NVML"), TorchInfo(False)):
+        assert type(payload).from_json(json.loads(json.dumps(payload.to_json()))) == payload
+
+
+HUNG = {"ok": False, "problem": "ranks hung", "timed_out": True, "seconds": 60.0, "ranks": [], "evidence": ""}
+GOOD_INFO: dict[str, Any] = NvmlAnswer(H200).to_json()["info"]  # type: ignore[assignment]
+MALFORMED = [
+    (NvmlAnswer.from_json, {"info": {**GOOD_INFO, "cuda_driver": "13.0"}}, "info.cuda_driver"),
+    (NvmlAnswer.from_json, {"info": {**GOOD_INFO, "gpus": [{"index": 0, "cc": [12]}]}}, "info.gpus[0].cc"),
+    (TorchInfo.from_json, {"installed": True, "version": "2.11", "cuda": 13.0}, "cuda"),
+    (JitLaunch.from_json, {"nvrtc": "/l", "gpus": [{"gpu": "0"}]}, "gpus[0].gpu"),
+    (NvrtcInfo.from_json, {"path": "/l", "version": [13]}, "version"),
+    (SglangCommAnswer.from_json, {**HUNG, "ranks": [{"symm_mem": {"disabled": "no"}}]}, "ranks[0].symm_mem.disabled"),
+]
+
+
+@pytest.mark.parametrize(("read", "data", "field"), MALFORMED, ids=[m[2] for m in MALFORMED])
+def test_a_malformed_payload_names_the_field(read: Any, data: dict[str, Any], field: str) -> None:
+    with pytest.raises(PayloadError) as caught:
+        read(data)
+    assert caught.value.field == field and field in str(caught.value)
+
+
+def test_the_recorded_sglang_comm_answers_are_its_payload_type() -> None:
+    record = json.loads(
+        (SRC.parents[2] / "docs/validation/2026-12-01-h200-sglang-preflight/sglang_preflight.json").read_text()
+    )
+    for answer in (record["unpatched"], record["patched"]):
+        assert SglangCommAnswer.from_json(answer).to_json() == answer
+
+
+def test_a_malformed_nvml_answer_is_an_nvml_error_naming_the_field() -> None:
+    found = facts.nvml_facts({"info": {"driver": "580", "cuda_driver": 13000, "gpus": "none", "backend": "x"}})
+    assert found.info is None and "info.gpus: expected a list" in found.error
+
+
+def test_the_real_probes_print_their_payload_type() -> None:
+    """The torch (CPU build in the dev venv) and NVRTC probes run for real here; NVML answers or says why not."""
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    for module, payload in (("torch_info", TorchInfo), ("nvml_info", NvmlAnswer)):
+        out = subprocess.run(
+            [sys.executable, "-m", f"sm120check.doctor.probes.{module}"],
+            capture_output=True, text=True, env=env, timeout=GUARD, check=True,
+        ).stdout  # fmt: skip
+        data = json.loads(out.strip().splitlines()[-1])
+        assert payload.from_json(data).to_json() == data, module  # type: ignore[attr-defined]
+    answer = answer_from(
+        child.run_probe("sm120check.doctor.probes.nvrtc_info", ["--compile", "sm_120"], timeout=GUARD).data
+    )
+    assert not answer.problem, answer.problem
+
+
+def test_ctrl_c_while_nvml_hangs_reports_what_finished_and_ends_the_probe(tmp_path: Path) -> None:
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    pid_file = tmp_path / "nvml.pid"
+    (fake / "pynvml.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+        f"os.replace({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\ntime.sleep(1000)\n",
+        encoding="utf-8",
+    )
+    env = dict(os.environ, PYTHONPATH=f"{fake}{os.pathsep}{SRC}")
+    cmd = [sys.executable, "-m", "sm120check.doctor", "--select", "platform,gpu_persistence", "--json"]
+    proc = subprocess.Popen(
+        [*cmd, "--manifest", str(write_manifest(tmp_path))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + GUARD
+    while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        probe = int(pid_file.read_text())
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=GUARD)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    doc = json.loads(out)
+    assert doc["interrupted"]["signal"] == "SIGINT"
+    # NVML is asked in the background: platform, which reads no GPU fact, did not wait for it.
+    assert doc["interrupted"]["unfinished"] == ["driver", "gpu_persistence"]
+    assert {r["id"]: r["status"] for r in doc["results"]} == {
+        "platform": "pass",
+        "driver": "skip",
+        "gpu_persistence": "skip",
+    }
+    assert _ended(probe), "the NVML probe was left running"
+
+
+def _ended(pid: int, within: float = 10) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.1)
+    return False
