@@ -45,7 +45,9 @@ def test_each_llamacpp_event_carries_one_token_so_ttft_is_the_first_token(
     (r,) = read_jsonl(out)
     assert r.token_source == "usage-per-event"
     assert r.ttft_s is not None and r.e2e_s is not None and r.tpot_s is not None
-    assert r.ttft_s.p50 < r.e2e_s.p50 / 4  # 16 tokens: the first arrives after 1 of 16 steps, not with the last
+    # no clock: with all tokens on the final event there would be no gap between token-carrying chunks at all;
+    # one token per event gives up to 15 gaps per measured request
+    assert r.itl_s is not None and r.ttft_s.n <= r.itl_s.n <= 15 * r.ttft_s.n
     assert r.tpot_s.p50 > 0
     rows = [row for row in r.per_request if not row.warmup]
     assert len(rows) == 6 and all(row.output_tokens == 16 and row.error == "" for row in rows)

@@ -248,24 +248,35 @@ def interpolate(levels: Sequence[float], base: Sequence[float], spec: Sequence[f
     return "found", found, crossings
 
 
+def pair_crossings(
+    xs: Sequence[float], base_runs: Sequence[Mapping[float, float]], spec_runs: Sequence[Mapping[float, float]]
+) -> tuple[list[float], int]:
+    """The crossover of every (base run, spec run) pair sharing at least two levels of `xs`, for the spread; and how
+    many pairs there were."""
+    values: list[float] = []
+    pairs = 0
+    for b in base_runs:
+        for s in spec_runs:
+            shared = [x for x in xs if x in b and x in s]
+            if len(shared) < 2:
+                continue
+            pairs += 1
+            status, value, _ = interpolate(shared, [b[x] for x in shared], [s[x] for x in shared])
+            if status == "found" and value is not None:
+                values.append(value)
+    return values, pairs
+
+
 def _crossover(
     levels: Sequence[LevelCompare], base_runs: Sequence[Curve], spec_runs: Sequence[Curve], common: Sequence[int]
 ) -> Crossover:
     cs = [lv.concurrency for lv in levels]
     status, value, crossings = interpolate(cs, [lv.base.mean for lv in levels], [lv.spec.mean for lv in levels])
-    pair_values: list[float] = []
-    pairs = 0
-    for b in base_runs:
-        for s in spec_runs:
-            shared = [c for c in common if c in b and c in s]
-            if len(shared) < 2:
-                continue
-            pairs += 1
-            st, v, _ = interpolate(
-                shared, [b[c].throughput_tok_s for c in shared], [s[c].throughput_tok_s for c in shared]
-            )
-            if st == "found" and v is not None:
-                pair_values.append(v)
+    pair_values, pairs = pair_crossings(
+        common,
+        [{c: lv.throughput_tok_s for c, lv in b.items()} for b in base_runs],
+        [{c: lv.throughput_tok_s for c, lv in s.items()} for s in spec_runs],
+    )
     lo, hi = cs[0], cs[-1]
     if status == "below-range":
         return Crossover(
@@ -639,17 +650,7 @@ def _crossover_xy(
         return f"C={v:.1f}" if x_axis == "concurrency" else f"{v:.3g} req/s"
 
     status, value, crossings = interpolate(xs, [lv.base.mean for lv in levels], [lv.spec.mean for lv in levels])
-    pair_values: list[float] = []
-    pairs = 0
-    for b in base_runs:
-        for s in spec_runs:
-            shared = [x for x in xs if x in b and x in s]
-            if len(shared) < 2:
-                continue
-            pairs += 1
-            st, v, _ = interpolate(shared, [b[x] for x in shared], [s[x] for x in shared])
-            if st == "found" and v is not None:
-                pair_values.append(v)
+    pair_values, pairs = pair_crossings(xs, base_runs, spec_runs)
     lo, hi = at(xs[0]), at(xs[-1])
     if status == "below-range":
         message = f"speculation has less {metric} already at the lowest level {lo}: no crossover in range"
