@@ -7,7 +7,8 @@ import ctypes
 from typing import Any
 
 from sm120check.doctor.health import nvml_health
-from sm120check.doctor.health.nvml_health import Bar1Memory, Memory, Nvml, PciInfo, ProcessInfo
+from sm120check.doctor.health.nvml_health import Bar1Memory, Memory, Nvml, ProcessInfo
+from sm120check.doctor.nvml_api import PciInfo
 
 
 def test_struct_sizes_match_nvml_h() -> None:

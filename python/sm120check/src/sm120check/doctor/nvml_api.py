@@ -95,7 +95,9 @@ def _read_pynvml(pynvml: Any, step: Callable[[str], None] = _quiet) -> NvmlInfo:
         pynvml.nvmlShutdown()
 
 
-class _PciInfo(ctypes.Structure):
+class PciInfo(ctypes.Structure):
+    """nvmlPciInfo_t (what nvmlDeviceGetPciInfo_v3 fills)."""
+
     _fields_ = [
         ("busIdLegacy", ctypes.c_char * 16),
         ("domain", ctypes.c_uint),
@@ -142,7 +144,7 @@ def _read_ctypes(step: Callable[[str], None] = _quiet) -> NvmlInfo:
             mode = ctypes.c_int()
             step(f"nvmlDeviceGetPersistenceMode, nvmlDeviceGetPciInfo_v3 (GPU {index}) in {where}")
             persistence = None if lib.nvmlDeviceGetPersistenceMode(handle, ctypes.byref(mode)) else mode.value == 1
-            pci = _PciInfo()
+            pci = PciInfo()
             bus = _text(pci.busId) if lib.nvmlDeviceGetPciInfo_v3(handle, ctypes.byref(pci)) == 0 else ""
             gpus.append(Gpu(index, _text(name.value), (major.value, minor.value), persistence, bus))
         return NvmlInfo(_text(version.value), cuda.value, tuple(gpus), "ctypes")

@@ -22,6 +22,7 @@ from sm120check.doctor.health.payloads import (
     Reading,
     missing,
 )
+from sm120check.doctor.nvml_api import NvmlUnavailable, PciInfo
 
 SONAME = "libnvidia-ml.so.1"
 
@@ -59,24 +60,6 @@ class ProcessInfo(ctypes.Structure):
         ("gpuInstanceId", ctypes.c_uint),
         ("computeInstanceId", ctypes.c_uint),
     ]
-
-
-class PciInfo(ctypes.Structure):
-    """nvmlPciInfo_t (what nvmlDeviceGetPciInfo_v3 fills)."""
-
-    _fields_ = [
-        ("busIdLegacy", ctypes.c_char * 16),
-        ("domain", ctypes.c_uint),
-        ("bus", ctypes.c_uint),
-        ("device", ctypes.c_uint),
-        ("pciDeviceId", ctypes.c_uint),
-        ("pciSubSystemId", ctypes.c_uint),
-        ("busId", ctypes.c_char * 32),
-    ]
-
-
-class NvmlUnavailable(RuntimeError):
-    """libnvidia-ml did not load or nvmlInit failed; the message names the step."""
 
 
 def _quiet(text: str) -> None:

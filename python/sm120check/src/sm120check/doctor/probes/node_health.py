@@ -16,8 +16,9 @@ import os
 
 from sm120check.doctor.child import emit, step
 from sm120check.doctor.health import kernel_log, load
-from sm120check.doctor.health.nvml_health import Nvml, NvmlUnavailable
+from sm120check.doctor.health.nvml_health import Nvml
 from sm120check.doctor.health.payloads import GpuHealth, NodeHealth
+from sm120check.doctor.nvml_api import NvmlUnavailable
 
 
 def _indices(text: str) -> list[int] | None:
