@@ -12,7 +12,8 @@ pytestmark = pytest.mark.container
 
 
 def latest_report(fleet: FleetLab) -> dict[str, object]:
-    return json.loads((fleet.runs / "latest" / "fleet.json").read_text())
+    document: dict[str, object] = json.loads((fleet.runs / "latest" / "fleet.json").read_text())
+    return document
 
 
 def test_the_play_fails_when_a_node_is_not_ready(fleet: FleetLab) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ def registered(stdout: str, rc: int = 0) -> dict[str, object]:
     return {"rc": rc, "stdout": stdout, "stderr": REACHED}
 
 
-def collect(tmp_path: Path, results: dict[str, object], capsys: pytest.CaptureFixture[str]) -> tuple[int, Path, str]:
+def collect(tmp_path: Path, results: Mapping[str, object], capsys: pytest.CaptureFixture[str]) -> tuple[int, Path, str]:
     source = tmp_path / "results.json"
     source.write_text(json.dumps(results), encoding="utf-8")
     run = tmp_path / "run"

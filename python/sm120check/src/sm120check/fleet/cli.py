@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sm120check.doctor.report import write_file, write_stdout
 from sm120check.exitcodes import Exit
-from sm120check.fleet import collect, diff, render
+from sm120check.fleet import collect, diff, outliers, render
 from sm120check.fleet.load import FleetInputError, load
 from sm120check.fleet.model import Fleet
 
@@ -30,8 +30,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     report = actions.add_parser(
         "report",
         help="render the matrix (nodes x checks) and every failure with its remedy",
-        description="Render the fleet matrix from a run directory (nodes/<host>.json) or a node report. "
-        "Exit 0 when every node is ready, 1 when a node failed, is unreachable or has no report, 2 on bad input.",
+        description="Render the fleet matrix from a run directory (nodes/<host>.json) or a node report, and the "
+        "nodes whose measured figures are outliers against the fleet median of the same GPU model. Exit 0 when "
+        "every node is ready (outliers are warnings), 1 when a node failed, is unreachable or has no report (or, "
+        "with --fail-on-outlier, when there is an outlier), 2 on bad input.",
     )
     report.add_argument("run", metavar="DIR", type=Path, help="fleet run directory, e.g. build/fleet/latest")
     report.add_argument("--format", choices=render.FORMATS, default="table", help="output format (default table)")
@@ -41,6 +43,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="DIR",
         type=Path,
         help="also write every format into DIR: " + ", ".join(render.FILE_NAMES.values()),
+    )
+    report.add_argument(
+        "--outlier-threshold",
+        metavar="METRIC=FRACTION",
+        action="append",
+        default=[],
+        help="how far from the fleet median, as a fraction of it, flags a figure: a family (bandwidth, default "
+        "0.15 below; latency, 0.25 above; link, 0 below) or a metric as the report names it "
+        "(gpu_copy_bandwidth.h2d_gbps, nccl_allreduce.latency_us.8); repeatable",
+    )
+    report.add_argument(
+        "--fail-on-outlier", action="store_true", help="exit 1 when any figure is an outlier (default: a warning)"
     )
     report.set_defaults(handler=run_report)
     changes = actions.add_parser(
@@ -82,7 +96,11 @@ def _write(path: Path, text: str) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     try:
-        fleet = load(args.run)
+        limits = outliers.thresholds(args.outlier_threshold)
+    except outliers.ThresholdError as error:
+        return _error(str(error))
+    try:
+        fleet = load(args.run).judged(limits, fail_on_outlier=args.fail_on_outlier)
     except FleetInputError as error:
         return _error(str(error))
     try:
@@ -96,7 +114,7 @@ def run_report(args: argparse.Namespace) -> int:
             return _error(problem)
     except OSError as error:
         return _error(f"cannot write {error.filename}: {error.strerror}")
-    return Exit.OK if fleet.ok else Exit.FOUND
+    return Exit.OK if fleet.passed else Exit.FOUND
 
 
 def run_collect(args: argparse.Namespace) -> int:
@@ -118,7 +136,11 @@ def run_collect(args: argparse.Namespace) -> int:
         return _error(str(error))
     except OSError as error:
         return _error(f"cannot write the run directory {args.run}: {error.strerror} ({error.filename})")
-    return run_report(argparse.Namespace(run=args.run, format="table", out=None, write=args.run))
+    return run_report(
+        argparse.Namespace(
+            run=args.run, format="table", out=None, write=args.run, outlier_threshold=[], fail_on_outlier=False
+        )
+    )
 
 
 def _pair(old_path: Path, new_path: Path) -> tuple[Fleet, Fleet]:

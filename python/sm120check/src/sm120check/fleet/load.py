@@ -19,6 +19,7 @@ from typing import Any
 from sm120check.doctor.document import DoctorReport
 from sm120check.doctor.payloads import PayloadError
 from sm120check.fleet.model import STUB_STATES, CheckResult, Fleet, NodeReport, NodeState, build_fleet
+from sm120check.fleet.outliers import extract
 
 NODES_DIR = "nodes"
 AGGREGATE_TOOL = "sm120check fleet"  # the `tool` of fleet.json, never a node report
@@ -119,6 +120,7 @@ def _node_from_document(host: str, document: object, source: str) -> NodeReport:
         CheckResult(r.id, r.status.value, r.summary, r.details, r.remedy, r.level, r.family) for r in report.results
     )
     failed = any(r.status == "fail" for r in parsed)
+    measured = extract(host, report.results)
     return NodeReport(
         host,
         NodeState.FAILED if failed else NodeState.READY,
@@ -128,6 +130,8 @@ def _node_from_document(host: str, document: object, source: str) -> NodeReport:
         started=report.started,
         seconds=report.seconds,
         source=source,
+        figures=measured.figures,
+        ignored=measured.ignored,
     )
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from sm120check.fleet.outliers import DEFAULT, NOTHING, Figure, Ignored, Review, Thresholds, judge
 
 
 class NodeState(str, enum.Enum):
@@ -53,6 +55,8 @@ class NodeReport:
     started: str = ""
     seconds: float = 0.0
     source: str = ""  # the file it was read from
+    figures: tuple[Figure, ...] = ()  # measured numbers from the checks' data (fleet/outliers.py)
+    ignored: tuple[Ignored, ...] = ()  # numbers the report gave that were not usable
 
     def result(self, check_id: str) -> CheckResult | None:
         return next((r for r in self.results if r.id == check_id), None)
@@ -81,6 +85,18 @@ class Fleet:
     nodes: tuple[NodeReport, ...]
     checks: tuple[str, ...]
     source: str = ""
+    review: Review = NOTHING  # the nodes' figures against the fleet median of their GPU model
+    fail_on_outlier: bool = False  # `fleet report --fail-on-outlier`: an outlier fails the report (never a node)
+
+    def judged(self, limits: Thresholds, fail_on_outlier: bool = False) -> Fleet:
+        """The same fleet with its figures judged against other thresholds."""
+        return replace(self, review=_review(self.nodes, limits), fail_on_outlier=fail_on_outlier)
+
+    @property
+    def passed(self) -> bool:
+        """What the report's exit code says: every node ready and, with fail_on_outlier, no outlier. An outlier
+        alone never makes a node failed (its checks passed): it is a warning about the fleet."""
+        return self.ok and not (self.fail_on_outlier and self.review.outliers)
 
     @property
     def ok(self) -> bool:
@@ -109,4 +125,10 @@ def build_fleet(nodes: list[NodeReport], source: str = "") -> Fleet:
         for position, result in enumerate(node.results):
             rank[result.id] = min(rank.get(result.id, (result.level, position)), (result.level, position))
     checks = tuple(sorted(rank, key=lambda check: (*rank[check], check)))
-    return Fleet(tuple(sorted(nodes, key=lambda n: n.host)), checks, source)
+    ordered = tuple(sorted(nodes, key=lambda n: n.host))
+    return Fleet(ordered, checks, source, _review(ordered, DEFAULT))
+
+
+def _review(nodes: tuple[NodeReport, ...], limits: Thresholds) -> Review:
+    figures = [f for n in nodes for f in n.figures]
+    return judge(figures, [i for n in nodes for i in n.ignored], limits)
