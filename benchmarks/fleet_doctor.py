@@ -22,11 +22,10 @@ from contextlib import ExitStack
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO_ROOT / "tests"), str(REPO_ROOT / "tests" / "fleet")]
-
-from fleet_lab import run_doctor, write_inventory  # noqa: E402
+sys.path[:0] = [str(REPO_ROOT / "tests")]
 
 from lab.converge import converge  # noqa: E402
+from lab.fleet_lab import run_doctor, write_inventory  # noqa: E402
 from lab.podman import DEFAULT_IMAGE, Mount, lab_problem, podman, running_node  # noqa: E402
 from lab.wheelhouse import NODE_PATH, build_wheelhouse  # noqa: E402
 

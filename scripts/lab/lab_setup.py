@@ -25,7 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("podman", "runc", "catatonit", "netavark", "aardvark-dns", "iptables", "debootstrap", "zstd")
+PACKAGES: tuple[str, ...] = (
+    "podman",
+    "runc",
+    "catatonit",
+    "netavark",
+    "aardvark-dns",
+    "iptables",
+    "debootstrap",
+    "zstd",
+)
 PACKAGES += ("cmake", "ninja-build", "g++")  # build llama-server for the real-engine tests (tests/lab/llamacpp.py)
 ENGINE_DROPIN = Path("/etc/containers/containers.conf.d/sm120kit.conf")
 DEFAULT_CA_DIR = Path("/usr/local/share/ca-certificates")

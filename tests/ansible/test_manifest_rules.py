@@ -59,6 +59,26 @@ def test_shipped_manifest_is_valid(profile: str) -> None:
     assert manifest_problems(shipped_settings(profile)) == []
 
 
+def test_preflight_and_the_doctor_read_one_nccl_floor() -> None:
+    """One table (doctor/health/nccl_floor.json): preflight's floor is the doctor's, the shipped pin passes both,
+    and a known-bad release is refused with its reason, the floor and the fix."""
+    from sm120check.doctor.health import nccl_floor
+
+    rules = _rules()
+    assert rules.NCCL_TABLE.resolve() == nccl_floor.TABLE.resolve()
+    assert rules.NCCL_MIN == nccl_floor.FLOOR and nccl_floor.floor() == "2.27.3"
+    pinned = shipped_settings()["nccl_version"]
+    assert nccl_floor.judge_nccl(pinned).status == "pass" and nccl_floor.parse(pinned) >= nccl_floor.FLOOR  # type: ignore[operator]
+    settings = copy.deepcopy(shipped_settings())
+    settings["nccl_version"] = "2.26.2"
+    (problem,) = manifest_problems(settings)
+    doctor = nccl_floor.judge_nccl("2.26.2")
+    assert doctor.status == "fail"
+    for bad in nccl_floor.known_bad((2, 26, 2)):  # both name every known-bad range 2.26.2 is in, and why
+        assert bad.problem in problem and bad.problem in doctor.details
+    assert "NVIDIA/nccl#2418" in problem and "the floor 2.27.3" in problem and 'use "2.30.7"' in problem
+
+
 def _with(path: str, value: Any) -> dict[str, Any]:
     settings = copy.deepcopy(shipped_settings())
     target = settings
@@ -86,7 +106,7 @@ BAD_INPUTS = [
     ("extra_python_packages", {"torch": ">=2.0"}, "python package 'torch': '>=2.0' is not an exact version"),
     ("extra_python_packages", {"torch": "2.9.1+cu128"}, "'2.9.1+cu128' is a CUDA 12 (or older) build"),
     ("extra_python_packages", ["tiktoken"], "sm120kit_extra_python_packages: must be a mapping"),
-    ("nccl_version", "2.21.5", "sm120kit_nccl_version: '2.21.5' is older than 2.26.2"),
+    ("nccl_version", "2.21.5", "sm120kit_nccl_version: '2.21.5' is older than the floor 2.27.3"),
     ("nccl_version", "2.30", "sm120kit_nccl_version: '2.30' is not an exact version"),
     ("nccl_version", "v2.30.7", "sm120kit_nccl_version: 'v2.30.7' is not an exact version"),
     ("driver_min", "580", "sm120kit_driver_min: '580' is not a driver version"),
@@ -305,7 +325,7 @@ ROLE_BAD_INPUTS = [
     ("cuda_toolkit_version", "13.9.99", "cuda_toolkit_version: '13.9.99' is CUDA 13.9, but the pinned"),
     ("cuda_toolkit_version", "12.8.1", "cuda_toolkit_version: '12.8.1' is not CUDA 13"),
     ("cuda_toolkit_version", "13.0.1\n", "cuda_toolkit_version: '13.0.1\\n' is not a full release number"),
-    ("nccl_version", "2.21.5", "nccl_version: '2.21.5' is older than 2.26.2"),
+    ("nccl_version", "2.21.5", "nccl_version: '2.21.5' is older than the floor 2.27.3"),
     ("nccl_index_url", "ftp://m.invalid/simple", "nccl_index_url: 'ftp://m.invalid/simple' is not an http(s) URL"),
     ("cuda_env_cuda_home", "/usr", "cuda_env_cuda_home: '/usr' is a system directory"),
     ("cuda_env_module", "os;import x", "cuda_env_module: 'os;import x' is not a Python module name"),

@@ -16,7 +16,6 @@ import __future__
 
 import ast
 import bisect
-import importlib.util
 import json
 import logging
 import math
@@ -29,23 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from lab.sglang_releases import release_dir
+
 _FLAGS = __future__.annotations.compiler_flag  # the releases' files start with `from __future__ import annotations`
-
-
-def _sglang_releases() -> ModuleType:
-    """tests/sglang/sglang_releases.py (its `release_dir` downloads a missing release into .cache/sglang)."""
-    if (loaded := sys.modules.get("sglang_releases")) is not None:
-        return loaded
-    spec = importlib.util.spec_from_file_location("sglang_releases", REPO / "tests" / "sglang" / "sglang_releases.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sglang_releases"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _defs(tree: ast.Module, names: set[str]) -> list[ast.stmt]:
@@ -126,7 +114,7 @@ class SGLangRelease:
 
 
 def sglang_release(version: str) -> SGLangRelease:
-    root = _sglang_releases().release_dir(version) / "sglang" / "srt"
+    root = release_dir(version) / "sglang" / "srt"
     adaptive_path = root / "speculative" / "adaptive_spec_params.py"
     tree = ast.parse(adaptive_path.read_text(encoding="utf-8"))
     names = {

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import pytest
 
 from sm120check.bench.wire import ChunkedDecoder, SseDecoder, WireError
@@ -10,7 +13,10 @@ from sm120check.bench.wire import ChunkedDecoder, SseDecoder, WireError
 BODY = b'19\r\ndata: {"a": 1}\n\ndata: [DO\r\n5\r\nNE]\n\n\r\n0\r\n\r\n'
 
 
-def feed_split(decoder_feed, data: bytes, size: int) -> list:
+T = TypeVar("T")
+
+
+def feed_split(decoder_feed: Callable[[bytes], T], data: bytes, size: int) -> list[T]:
     out = []
     for i in range(0, len(data), size):
         out.append(decoder_feed(data[i : i + size]))

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from fleet_lab import FleetLab, break_node, cu12_wheel, run_doctor, write_inventory
 
 from lab.converge import converge
+from lab.fleet_lab import FleetLab, break_node, cu12_wheel, run_doctor, write_inventory
 from lab.podman import Mount, NodeFactory
 from lab.wheelhouse import NODE_PATH, WheelhouseError, build_wheelhouse
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from fleet_lab import FleetLab, run_doctor
+
+from lab.fleet_lab import FleetLab, run_doctor
 
 pytestmark = pytest.mark.container
 

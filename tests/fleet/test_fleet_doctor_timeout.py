@@ -10,8 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from fleet_lab import doctor_argv
-
+from lab.fleet_lab import doctor_argv
 from lab.playbook import REPO_ROOT, run_playbook
 
 DEV_VENV = Path(sys.executable).parent.parent

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fleet_files import FIXTURES, REAL, real_with, write_nodes
 
+from lab.fleet_files import FIXTURES, REAL, real_with, write_nodes
 from sm120check.cli import main
 from sm120check.fleet import render
 from sm120check.fleet.collect import REACHED

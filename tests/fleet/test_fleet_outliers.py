@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet_files import FIXTURES, write_nodes
 
+from lab.fleet_files import FIXTURES, write_nodes
 from sm120check.cli import main
 from sm120check.fleet import outliers, render
 from sm120check.fleet.load import load

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fleet_lab import doctor_argv
 
+from lab.fleet_lab import doctor_argv
 from lab.playbook import REPO_ROOT, PlaybookRun, run_playbook
 
 DEV_VENV = Path(sys.executable).parent.parent  # its bin/sm120check is the checker under test

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,19 +53,21 @@ def rank_processes() -> list[str]:
 @needs_two
 def test_nccl_allreduce_is_exact_and_timed_on_two_gpus() -> None:
     outcome = run_probe("sm120check.doctor.probes.nccl", ["--gpus", "0,1", "--timeout", "110"], timeout=120)
-    assert outcome.ok and outcome.data["ok"], outcome.data.get("problem") or outcome.problem
-    assert outcome.data["correct"]
-    assert set(outcome.data["latency_us"]) == {"1", "3", "8"}
-    assert outcome.data["busbw_gbps"] > 0
+    data: dict[str, Any] = dict(outcome.data)  # the probe's JSON line, untyped
+    assert outcome.ok and data["ok"], data.get("problem") or outcome.problem
+    assert data["correct"]
+    assert set(data["latency_us"]) == {"1", "3", "8"}
+    assert data["busbw_gbps"] > 0
     assert not rank_processes()
 
 
 @needs_two
 def test_symmetric_memory_one_and_two_shot_match_nccl() -> None:
     outcome = run_probe("sm120check.doctor.probes.symm_mem", ["--gpus", "0,1", "--timeout", "110"], timeout=120)
-    assert outcome.ok and outcome.data["ok"], outcome.data.get("problem") or outcome.problem
-    assert outcome.data["correct"]["one_shot"] and outcome.data["correct"]["two_shot"]
-    assert "multimem" not in outcome.data["latency_us"]  # multicast is off here
+    data: dict[str, Any] = dict(outcome.data)  # the probe's JSON line, untyped
+    assert outcome.ok and data["ok"], data.get("problem") or outcome.problem
+    assert data["correct"]["one_shot"] and data["correct"]["two_shot"]
+    assert "multimem" not in data["latency_us"]  # multicast is off here
     assert not rank_processes()
 
 
@@ -75,7 +78,8 @@ def test_allreduce_fusion_matches_the_unfused_reference() -> None:
     outcome = run_probe(
         "sm120check.doctor.probes.fusion", ["--gpus", "0,1", "--timeout", str(timeout - 5)], timeout=timeout
     )
-    assert outcome.ok and outcome.data["ok"], outcome.data.get("problem") or outcome.problem
-    assert max(outcome.data["max_rel_err"].values()) < 2e-2
-    assert outcome.data["backend"] == "trtllm"
+    data: dict[str, Any] = dict(outcome.data)  # the probe's JSON line, untyped
+    assert outcome.ok and data["ok"], data.get("problem") or outcome.problem
+    assert max(data["max_rel_err"].values()) < 2e-2
+    assert data["backend"] == "trtllm"
     assert not rank_processes()

@@ -48,7 +48,7 @@ BAD_INPUTS = {
     "unknown NCCL method": ({"nccl_method": "source"}, "value of nccl_method must be one of: wheels, apt, got: source"),
     "NCCL too old for SM120": (
         {"sm120kit_nccl_version": "2.21.5"},
-        "sm120kit_nccl_version: '2.21.5' is older than 2.26.2",
+        "sm120kit_nccl_version: '2.21.5' is older than the floor 2.27.3",
     ),
     "relative venv path": ({"sm120kit_venv": "opt/venv"}, "sm120kit_venv: 'opt/venv' must be an absolute path"),
     "bad environment variable name": (
@@ -101,7 +101,7 @@ def test_bad_input_is_rejected_before_any_change(
 ) -> None:
     node, inventory = fresh_node
     before = node_diff(node)
-    run = converge(inventory, **extra_vars)
+    run = converge(inventory, False, **extra_vars)
     assert run.rc != 0, run.tail()
     # The role's message list is shown as a Python list, quotes escaped: match the text the user reads.
     assert message in run.output.replace("\\'", "'"), run.tail()

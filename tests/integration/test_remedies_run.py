@@ -5,6 +5,12 @@ A converged node hides the bug this catches: there every task a single-tag run d
 gathering) is skipped or already done. Here the toolkit tree, the loader entry and the venv hook are gone, so
 `--tags cuda_toolkit` must gather facts itself (it stopped with "object of type 'dict' has no attribute
 'architecture'" when only preflight gathered them, under its own tags).
+
+Removed too, one part per role the core profile installs and a core node's doctor judges: a pinned wheel of the
+profile (python_stack: `stack` fails) and the node manifest (sm120check: `manifest` warns, `stack` skips until it is
+back, then fails for the wheel). Not covered here: the nccl role's wheel and loader entry, since on a core node no
+check reads NCCL (torch loads it: `torch` and `abi_libs` skip without torch, the level-3 checks need GPUs), and the
+flashinfer_jit role, which the core profile does not install (its check skips without FlashInfer).
 """
 
 from __future__ import annotations
@@ -20,13 +26,17 @@ from typing import Any
 import pytest
 
 from lab.converge import ConvergedNode, site_argv
-from lab.playbook import run_playbook, write_inventory
+from lab.playbook import REPO_ROOT, run_playbook, write_inventory
 from lab.podman import Mount, Node, node_exec, podman, running_node
 
 pytestmark = pytest.mark.container
 
-PLAYBOOK_REMEDY = re.compile(r"ansible-playbook site\.yml --tags [a-z_]+(?:,[a-z_]+)*")
-CHECKS = ("toolkit", "nvrtc", "env", "nvcc_sm120", "sm120_jit")
+# The whole tag list: `[a-z_]+` alone ran `--tags sm` for sm120check, which selects nothing and exits 0.
+PLAYBOOK_REMEDY = re.compile(r"ansible-playbook site\.yml --tags [a-z0-9_]+(?:,[a-z0-9_]+)*(?![\w-])")
+CHECKS = ("toolkit", "nvrtc", "env", "nvcc_sm120", "sm120_jit", "manifest", "stack")
+PROFILE_WHEEL = "nvidia-ml-py"  # the core profile's one pin (inventory/group_vars/all/stack.yml)
+MANIFEST = "/etc/sm120kit/manifest.json"  # what the sm120check role writes
+ROLES = frozenset(path.name for path in (REPO_ROOT / "roles").iterdir() if path.is_dir())
 
 
 def doctor(node: Node) -> dict[str, dict[str, Any]]:
@@ -50,6 +60,8 @@ def stripped_node(core_node: ConvergedNode, core_wheelhouse: Mount) -> Iterator[
                 'rm -rf "$(readlink -f /opt/cuda)"',  # the toolkit tree the stable CUDA_HOME points at
                 "rm /etc/ld.so.conf.d/sm120kit-cuda.conf && ldconfig",  # the loader entry for libnvrtc.so.13
                 f"rm {purelib}/sm120kit_env.pth {purelib}/sm120kit_env.py",  # the venv's CUDA 13 hook
+                f"/opt/sm120kit/venv/bin/pip uninstall --quiet -y {PROFILE_WHEEL}",  # a pinned wheel of the profile
+                f"rm {MANIFEST}",  # the node manifest
             ):
                 done = node_exec(node, ["sh", "-c", command], timeout=300)
                 assert done.returncode == 0, (command, done.stderr)
@@ -65,13 +77,17 @@ def test_every_playbook_remedy_the_doctor_prints_runs_as_printed_and_fixes_its_c
     before = doctor(stripped_node)
     broken = {c for c in CHECKS if before[c]["status"] != "pass"}
     assert {"toolkit", "nvrtc", "env"} <= broken, {c: before[c]["summary"] for c in CHECKS}
+    assert before["manifest"]["status"] == "warn" and MANIFEST in before["manifest"]["details"], before["manifest"]
     ran: list[str] = []
+    seen: list[tuple[str, str, str]] = []  # (check, status, remedy) of every check that did not pass, each round
     results = before
     for _ in range(3):  # a fix can reveal the next failure; three rounds bound it
         remedies = []
         for check in CHECKS:
             found = PLAYBOOK_REMEDY.search(results[check]["remedy"]) if results[check]["status"] != "pass" else None
             assert results[check]["status"] == "pass" or found, (check, results[check])
+            if found:
+                seen.append((check, results[check]["status"], found.group(0)))
             if found and found.group(0) not in remedies:
                 remedies.append(found.group(0))
         if not remedies:
@@ -80,7 +96,11 @@ def test_every_playbook_remedy_the_doctor_prints_runs_as_printed_and_fixes_its_c
             tags = shlex.split(remedy)[2:]  # `--tags X`, as printed; the inventory and its vars are the user's
             run = run_playbook([*site_argv(inventory), *tags], timeout=1200)
             assert run.rc == 0, f"`{remedy}` failed as printed:\n{run.tail()}"
+            quiet = [t for t in tags[1].split(",") if t in ROLES and f"TASK [{t} : " not in run.output]
+            assert not quiet, f"`{remedy}` ran no task of role {quiet}:\n{run.tail()}"
             ran.append(remedy)
         results = doctor(stripped_node)
     assert "ansible-playbook site.yml --tags cuda_toolkit" in ran
+    assert ("manifest", "warn", "ansible-playbook site.yml --tags sm120check") in seen, seen
+    assert ("stack", "fail", "ansible-playbook site.yml --tags python_stack") in seen, seen
     assert {c: results[c]["status"] for c in CHECKS} == dict.fromkeys(CHECKS, "pass"), ran

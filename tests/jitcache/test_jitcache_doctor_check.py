@@ -10,11 +10,14 @@ from jitcache_helpers import built_module, module_dir, ninja
 from sm120check.doctor.checks import flashinfer_jit as flashinfer_jit_check
 from sm120check.doctor.checks.flashinfer_jit import FlashinferJitCheck, judge, module_rows, serving_env
 from sm120check.doctor.model import Context, Status
-from sm120check.manifest import Manifest
+from sm120check.manifest import CudaPins, Manifest, NcclPins
+
+# The toolkit and NCCL pins: the flashinfer_jit check reads none of them.
+NO_CUDA, NO_NCCL = CudaPins("", "", "", "", ""), NcclPins("", "")
 
 
 def _manifest(venv: Path, env: dict[str, str]) -> Manifest:
-    return Manifest(Path("m.json"), "full", {}, {}, "580.65.06", str(venv), {}, env, raw={})
+    return Manifest(Path("m.json"), "full", NO_CUDA, NO_NCCL, "580.65.06", str(venv), {}, env, raw={})
 
 
 def test_module_cached_for_this_key_passes(tmp_path: Path) -> None:
@@ -66,7 +69,8 @@ def test_a_prebuilt_aot_module_counts_as_cached_without_ninja(tmp_path: Path) ->
     (aot / "trtllm_comm" / "trtllm_comm.so").write_bytes(b"\x7fELF")
     result = judge(module_rows(tmp_path / "cache", "0.7.2", "90a", ["trtllm_comm"], None, [aot]), "here")
     assert result.status is Status.PASS
-    assert "prebuilt (AOT)" in result.data["modules"][0]["why"]
+    modules = result.data["modules"]
+    assert isinstance(modules, list) and "prebuilt (AOT)" in modules[0]["why"]
 
 
 def test_a_release_without_sm120_kernels_has_nothing_to_warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

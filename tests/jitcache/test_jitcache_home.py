@@ -81,7 +81,7 @@ def test_bundle_and_doctor_use_the_one_cache_path_formula(tmp_path: Path) -> Non
     directory = layout.module_dir(root, KEY.flashinfer, KEY.arch, "trtllm_comm")
     assert directory == tmp_path / ".cache/flashinfer/0.7.2/90a/cached_ops/trtllm_comm"
     assert root / bundle.module_relpath(KEY, "trtllm_comm") == directory
-    assert bundle.module_dir is layout.module_dir
+    assert vars(bundle)["module_dir"] is layout.module_dir
 
 
 def test_target_majors_read_flashinfer_target_names() -> None:

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -345,7 +346,7 @@ def test_full_disk_says_so_naming_the_path(
 def test_bundle_larger_than_the_free_space_is_refused_before_writing(
     tmp_path: Path, node: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(bundle.shutil, "disk_usage", lambda path: _Usage(100))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: _Usage(100))  # what bundle.py asks
     out = _simple(tmp_path / "ok.tar.gz", {"demo": {"dir": MOD}}, [(LIB, b"E" * 1000)])
     before = _tree(tmp_path)
     assert main(["unpack", "--no-key-check", str(out)]) == 2

@@ -26,7 +26,9 @@ class ConvergedNode:
 
 
 def site_argv(inventory: Path, check: bool = False, **extra_vars: object) -> list[str]:
-    """site.yml with the core profile from the mounted wheelhouse, plus any extra vars (which win)."""
+    """site.yml with the core profile from the mounted wheelhouse, plus any extra vars (which win).
+
+    Spreading a dict of vars (`**vars`), pass `check` by name too: mypy cannot tell the dict holds no `check`."""
     return playbook_argv(SITE, inventory, {**CORE_VARS, **extra_vars}, check=check)
 
 

@@ -6,13 +6,14 @@ import json
 import shutil
 
 import pytest
-from sglang_releases import RELEASES, PatchCycle, release_dir, run_cli, tree_hashes
+
+from lab.sglang_releases import RELEASES, Json, PatchCycle, release_dir, run_cli, tree_hashes
 
 
 @pytest.fixture(scope="session")
-def scans() -> dict[str, dict[str, object]]:
+def scans() -> dict[str, Json]:
     """Scan JSON of every release for SM120 with a FlashInfer that supports it, computed once per session."""
-    out: dict[str, dict[str, object]] = {}
+    out: dict[str, Json] = {}
     for version in RELEASES:
         status, text = run_cli(
             "scan", "--json", "--cc", "12.0", "--flashinfer-version", "0.7.2", "--source", str(release_dir(version))

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sglang_releases import release_dir, run_cli
 
+from lab.sglang_releases import release_dir, run_cli
 from sm120check.sglang import fusion_gates
 from sm120check.sglang.textedit import MARK
 from sm120check.sglang.tree import SourceTree

@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from sglang_releases import release_dir, run_cli
 
+from lab.sglang_releases import release_dir, run_cli
 from sm120check.doctor.checks import sglang as check_module
 from sm120check.doctor.model import Context, Result, Status
 

@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from sglang_releases import RELEASES, PatchCycle, release_dir
 
+from lab.sglang_releases import RELEASES, PatchCycle, release_dir
 from sm120check.sglang import eagle, patch, scan
 from sm120check.sglang.textedit import MARK
 from sm120check.sglang.tree import ComputeCapability, SourceTree

@@ -23,8 +23,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from sglang_releases import CACHE, release_dir, run_cli
 
+from lab.sglang_releases import CACHE, release_dir, run_cli
 from sm120check.sglang import preflight
 from sm120check.sglang.errors import Refusal
 from sm120check.sglang.textedit import MARK

@@ -1,7 +1,7 @@
 """`sm120check sglang verify-launch` against log lines and server_info documents made from real SGLang releases.
 
 Log lines are the releases' own logger format strings (read with ast from the unpacked wheels in .cache/sglang,
-tests/sglang/sglang_logs.py) filled with sample values; server_info documents carry the release's real ServerArgs
+tests/lab/sglang_logs.py) filled with sample values; server_info documents carry the release's real ServerArgs
 field names. Those tests are slow (they may download a release). The hostile-input and URL-bound tests need no
 release and run in the fast tier, against a real HTTP server on 127.0.0.1.
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sglang_logs import LOG_PREFIX, log_formats, render, server_args_fields
-from sglang_releases import release_dir
 
 from lab.loopback import serve
+from lab.sglang_logs import LOG_PREFIX, log_formats, render, server_args_fields
+from lab.sglang_releases import release_dir
 from sm120check import cli
 from sm120check.sglang import launch_cli
 from sm120check.sglang.launch_patterns import LOG_PATTERNS, LogPattern

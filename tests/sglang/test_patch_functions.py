@@ -6,8 +6,8 @@ import ast
 from pathlib import Path
 
 import pytest
-from sglang_releases import FIXTURES, run_cli, tree_hashes
 
+from lab.sglang_releases import FIXTURES, run_cli, tree_hashes
 from sm120check.sglang import eagle, fusion_gates, symm_mem_gates
 from sm120check.sglang.errors import Refusal
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from sglang_releases import release_dir, run_cli, tree_hashes
 
+from lab.sglang_releases import release_dir, run_cli, tree_hashes
 from sm120check.sglang import patch, scan, state
 from sm120check.sglang.errors import SglangError
 from sm120check.sglang.patch import FileChange

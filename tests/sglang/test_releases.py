@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from sglang_releases import RELEASES, PatchCycle, release_dir, run_cli
+
+from lab.sglang_releases import RELEASES, Json, PatchCycle, release_dir, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -48,54 +49,54 @@ GATES = {
 CONTRACT = ["get_embed_and_head", "set_eagle3_layers_to_capture"]
 
 
-def _gaps(scan: dict) -> dict[str, list[str]]:
+def _gaps(scan: Json) -> dict[str, list[str]]:
     return {g["class"]: g["missing"] for g in scan["eagle3"]["wrapper_gaps"]}
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_scan_names_the_capability_maps_of_each_release(scans: dict, version: str) -> None:
+def test_scan_names_the_capability_maps_of_each_release(scans: dict[str, Json], version: str) -> None:
     maps = scans[version]["capability_maps"]
     assert tuple(m["name"] for m in maps) == MAP_NAMES[version]
     assert maps[0]["path"] == SIZES
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_scan_finds_majors_9_and_10_but_not_12(scans: dict, version: str) -> None:
+def test_scan_finds_majors_9_and_10_but_not_12(scans: dict[str, Json], version: str) -> None:
     assert [m["majors"] for m in scans[version]["capability_maps"]] == [[9, 10], [9, 10]]
     finding = next(f for f in scans[version]["findings"] if f["id"] == "capability-map")
     assert not finding["ok"]
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_scan_finds_the_multicast_early_return(scans: dict, version: str) -> None:
+def test_scan_finds_the_multicast_early_return(scans: dict[str, Json], version: str) -> None:
     communicator = scans[version]["communicator"]
     assert communicator["multicast_early_return"] and not communicator["multicast_relaxed"]
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_scan_sees_a_keyerror_multimem_lookup_only_before_0_5_14(scans: dict, version: str) -> None:
+def test_scan_sees_a_keyerror_multimem_lookup_only_before_0_5_14(scans: dict[str, Json], version: str) -> None:
     tolerant = scans[version]["communicator"]["multimem_lookup_tolerant"]
     assert tolerant == (version in ("0.5.14", "0.5.16", "0.5.23"))
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_scan_finds_the_fusion_gates_of_each_release(scans: dict, version: str) -> None:
+def test_scan_finds_the_fusion_gates_of_each_release(scans: dict[str, Json], version: str) -> None:
     gates = scans[version]["fusion_gates"]
     assert {(g["path"], g["function"], g["kind"]) for g in gates} == GATES[version]
     assert all(g["majors"] in ([9, 10], [10, 9]) for g in gates)
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_eagle3_contract_is_derived_from_the_release_sources(scans: dict, version: str) -> None:
+def test_eagle3_contract_is_derived_from_the_release_sources(scans: dict[str, Json], version: str) -> None:
     assert [c["name"] for c in scans[version]["eagle3"]["contract"]] == CONTRACT
 
 
-def test_kimi_k25_gap_found_in_0_5_9(scans: dict) -> None:
+def test_kimi_k25_gap_found_in_0_5_9(scans: dict[str, Json]) -> None:
     assert _gaps(scans["0.5.9"])["KimiK25ForConditionalGeneration"] == CONTRACT
 
 
 @pytest.mark.parametrize("version", ["0.5.10", "0.5.14", "0.5.16", "0.5.23"])
-def test_kimi_k25_not_flagged_from_0_5_10(scans: dict, version: str) -> None:
+def test_kimi_k25_not_flagged_from_0_5_10(scans: dict[str, Json], version: str) -> None:
     assert "KimiK25ForConditionalGeneration" not in _gaps(scans[version])
     assert scans[version]["eagle3"]["model_status"]["KimiK25ForConditionalGeneration"] == {
         "get_embed_and_head": "delegates",
@@ -103,7 +104,7 @@ def test_kimi_k25_not_flagged_from_0_5_10(scans: dict, version: str) -> None:
     }
 
 
-def test_0_5_23_wrappers_still_lacking_eagle3_delegation(scans: dict) -> None:
+def test_0_5_23_wrappers_still_lacking_eagle3_delegation(scans: dict[str, Json]) -> None:
     eagle3 = scans["0.5.23"]["eagle3"]
     gaps = _gaps(scans["0.5.23"])  # patchable: the inner model has the methods
     for name in (
@@ -124,7 +125,7 @@ def test_0_5_23_wrappers_still_lacking_eagle3_delegation(scans: dict) -> None:
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_unpatched_release_scan_exits_1(scans: dict, version: str) -> None:
+def test_unpatched_release_scan_exits_1(scans: dict[str, Json], version: str) -> None:
     assert scans[version]["status"] == 1 and scans[version]["needs_patch"]
 
 

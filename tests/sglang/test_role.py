@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from sglang_releases import REPO, release_dir, tree_hashes
+
+from lab.sglang_releases import REPO, release_dir, tree_hashes
 
 pytestmark = pytest.mark.slow
 VENV = Path(sys.executable).parent.parent

@@ -9,9 +9,11 @@ paths reach shell tasks, pip requirement files and profile.d, so only characters
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 WHERE = " (inventory/group_vars/all/stack.yml or your inventory)"
@@ -41,7 +43,24 @@ SYSTEM_DIRS = frozenset(
 VIRTUAL_ROOTS = ("/dev/", "/proc/", "/run/", "/sys/")
 DOCTOR_LEVELS = (1, 2, 3)
 APT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+-[0-9]+")
-NCCL_MIN = (2, 26, 2)
+# The one NCCL table (floor, known-bad releases and why), shipped in the sm120check package, which the doctor's torch
+# check reads too: the roles live in the same repository, so it is found relative to this file.
+NCCL_TABLE = Path(__file__).resolve().parents[3] / "python/sm120check/src/sm120check/doctor/health/nccl_floor.json"
+
+
+def _nccl_table() -> dict[str, Any]:
+    try:
+        table: dict[str, Any] = json.loads(NCCL_TABLE.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(
+            f"preflight cannot read the NCCL floor table {NCCL_TABLE} ({exc}): run Ansible from a full sm120kit "
+            "checkout (roles/ beside python/)"
+        ) from None
+    return table
+
+
+NCCL = _nccl_table()
+NCCL_MIN = tuple(int(part) for part in str(NCCL["floor"]).split("."))
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
@@ -100,6 +119,21 @@ CUDA_APT_ONLY = frozenset({"cuda_toolkit_apt_mirror", "cuda_toolkit_apt_key_name
 
 def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _nccl_problem(name: str, version: str) -> str:
+    """`version` is below the floor: the value, the floor, each known-bad range it is in and why, and the fix."""
+    parsed = _version_tuple(version)
+    reasons = [
+        f"{bad['problem']} ({bad['evidence']})"
+        for bad in NCCL["known_bad"]
+        if _version_tuple(str(bad["first"])) <= parsed <= _version_tuple(str(bad["last"]))
+    ]
+    why = f": {'; '.join(reasons)}" if reasons else ""
+    return (
+        f"{name}: '{version}' is older than the floor {NCCL['floor']}{why}; use \"{NCCL['suggested']}\" "
+        f"({NCCL['confirmed_good']} is confirmed on NVIDIA/nccl#2418)"
+    )
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -246,10 +280,7 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
     if not RELEASE.fullmatch(nccl):
         problems.append(f'sm120kit_nccl_version: {nccl!r} is not an exact version such as "2.30.7"{WHERE}')
     elif _version_tuple(nccl) < NCCL_MIN:
-        problems.append(
-            f"sm120kit_nccl_version: '{nccl}' is older than 2.26.2, which SM120 needs (older NCCL fails with "
-            f"'ncclMaxSharedMem ... exceeds'); use \"2.30.7\"{WHERE}"
-        )
+        problems.append(_nccl_problem("sm120kit_nccl_version", nccl) + WHERE)
 
     if "cuda_apt_version" in s and not APT_VERSION.fullmatch(str(s.get("cuda_apt_version"))):
         problems.append(
@@ -394,7 +425,7 @@ def _role_var_problems(s: Mapping[str, Any], component_releases: Mapping[str, li
                 if not text.startswith("13."):
                     problems.append(f"{name}: '{text}' is not CUDA 13; SM120 needs CUDA 13: use \"13.0.1\"{where}")
             elif _version_tuple(text) < NCCL_MIN:
-                problems.append(f"{name}: '{text}' is older than 2.26.2, which SM120 needs; use \"2.30.7\"{where}")
+                problems.append(_nccl_problem(name, text) + where)
             continue
         problem = _role_value_problem(kind, value)
         if problem:

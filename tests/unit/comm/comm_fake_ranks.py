@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sm120check.doctor.probes.ranks import RankContext
+from sm120check.doctor.probes.ranks import RankContext, RankFailed
 
 
 def echo(ctx: RankContext) -> dict[str, Any]:
@@ -36,5 +36,14 @@ def rank1_fails(ctx: RankContext) -> dict[str, Any]:
 def leave_shm_and_hang(ctx: RankContext) -> dict[str, Any]:
     Path("/dev/shm", ctx.args["shm_name"] + f"-{ctx.rank}").write_bytes(b"x" * 64)
     ctx.phase("first allreduce")
+    time.sleep(300)
+    return {}
+
+
+def rank0_fails_with_partial(ctx: RankContext) -> dict[str, Any]:
+    """Rank 0 fails after measuring something (as the NCCL probe does at a faulting size); rank 1 waits."""
+    if ctx.rank == 0:
+        raise RankFailed("allreduce of 512 KiB: RuntimeError: illegal memory access", {"nccl": "2.26.2"})
+    ctx.phase("waiting for peer")
     time.sleep(300)
     return {}

@@ -1,22 +1,41 @@
-"""The level-3 checks' verdicts: prerequisites, the FlashInfer gate before any launch, hangs, JIT timeouts."""
+"""The level-3 checks' verdicts: prerequisites, the FlashInfer gate before any launch, hangs, JIT timeouts, NCCL
+correctness at 512 KiB and more and the PCIe bus-bandwidth floor. Judges read whole typed answers (comm_answers)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
+from comm_answers import (
+    ACS_REDIRECT,
+    KIB,
+    MIB,
+    fusion_answer,
+    fusion_failed,
+    launched,
+    nccl_answer,
+    nccl_hang,
+    nccl_rank,
+    nvml_pair,
+    pcie,
+    symm_answer,
+    symm_rank,
+    topology_evidence,
+)
 
-from sm120check.comm.flashinfer_release import fusion_gate
+from sm120check.comm.flashinfer_release import fusion_support
 from sm120check.doctor import facts, remedies
 from sm120check.doctor.checks import comm
 from sm120check.doctor.child import ChildOutcome
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
-
-FIXTURES = Path(__file__).parents[2] / "fixtures" / "comm"
+from sm120check.doctor.payloads.nccl import NcclRank
+from sm120check.doctor.payloads.topology import AcsEvidence, CommandText
 
 
 def gpu(index: int, name: str = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", cc: str = "12.0") -> Gpu:
@@ -27,10 +46,8 @@ def gpu(index: int, name: str = "NVIDIA RTX PRO 6000 Blackwell Workstation Editi
 def context(rows: Sequence[Gpu], torch: Status = Status.PASS, **kw: Any) -> Context:
     """The node's facts with these GPUs as NVML listed them (read now: after the test's monkeypatches)."""
     nvml = facts.NvmlFacts(NvmlInfo("580.95.05", 13000, tuple(rows), "ctypes"))
-    ctx = Context(facts=replace(facts.local(), nvml_read=nvml), **kw)
-    ctx.results["driver"] = Result("driver", Status.PASS, "driver ok")
-    ctx.results["torch"] = Result("torch", torch, "torch ok")
-    return ctx
+    results = {"driver": Result("driver", Status.PASS, "driver ok"), "torch": Result("torch", torch, "torch ok")}
+    return Context(facts=replace(facts.local(), nvml_read=nvml), results=results, **kw)
 
 
 def no_probe(*args: Any, **kwargs: Any) -> ChildOutcome:
@@ -62,7 +79,7 @@ def test_gpus_option_naming_a_missing_gpu_is_said(monkeypatch: pytest.MonkeyPatc
 
 def test_sm120_node_with_flashinfer_0_6_12_fails_before_launching(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(comm, "run_probe", no_probe)
-    monkeypatch.setattr(facts.metadata, "version", lambda name: "0.6.12")
+    monkeypatch.setattr(metadata, "version", lambda name: "0.6.12")
     result = comm.AllreduceFusion().run(context([gpu(0), gpu(1)]))
     assert result.status is Status.FAIL
     assert "no SM120 allreduce-fusion kernels" in result.summary
@@ -71,9 +88,9 @@ def test_sm120_node_with_flashinfer_0_6_12_fails_before_launching(monkeypatch: p
 
 def test_fusion_without_flashinfer_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     def missing(name: str) -> str:
-        raise facts.metadata.PackageNotFoundError(name)
+        raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(facts.metadata, "version", missing)
+    monkeypatch.setattr(metadata, "version", missing)
     result = comm.AllreduceFusion().run(context([gpu(0), gpu(1)]))
     assert result.status is Status.SKIP and "python_stack" in result.remedy
 
@@ -83,10 +100,10 @@ def test_a_cold_jit_cache_gets_the_long_timeout(monkeypatch: pytest.MonkeyPatch,
 
     def probe(module: str, args: Sequence[str], *, timeout: float, env: Any = None, python: Any = None) -> ChildOutcome:
         seen["timeout"] = timeout
-        return ChildOutcome(ok=True, data={"ok": False, "problem": "stop here"})
+        return ChildOutcome(ok=True, data=fusion_failed("stop here").to_json())
 
     monkeypatch.setattr(comm, "run_probe", probe)
-    monkeypatch.setattr(facts.metadata, "version", lambda name: "0.7.2")
+    monkeypatch.setattr(metadata, "version", lambda name: "0.7.2")
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path))
     monkeypatch.setenv(comm.JIT_TIMEOUT_ENV, "700")
     comm.AllreduceFusion().run(context([gpu(0, "NVIDIA H200", "9.0"), gpu(1, "NVIDIA H200", "9.0")], timeout=120))
@@ -108,8 +125,8 @@ def test_nccl_hang_that_passes_without_p2p_blames_p2p(monkeypatch: pytest.Monkey
     def probe(module: str, args: Sequence[str], *, timeout: float, env: Any = None, python: Any = None) -> ChildOutcome:
         calls.append({"args": list(args), "env": env})
         if "NCCL_P2P_DISABLE" not in env:
-            return ChildOutcome(ok=True, data={"ok": False, "timed_out": True, "problem": "ranks hung for 115 s"})
-        return ChildOutcome(ok=True, data={"ok": True, "correct": True})
+            return ChildOutcome(ok=True, data=nccl_hang("ranks hung for 115 s").to_json())
+        return ChildOutcome(ok=True, data=nccl_answer().to_json())
 
     monkeypatch.setattr(comm, "run_probe", probe)
     result = comm.NcclAllreduce().run(context([gpu(0), gpu(1)]))
@@ -120,99 +137,164 @@ def test_nccl_hang_that_passes_without_p2p_blames_p2p(monkeypatch: pytest.Monkey
 
 
 def test_nccl_pass_reports_latency_and_busbw() -> None:
-    data = {
-        "ok": True,
-        "correct": True,
-        "latency_us": {"1": 51.0, "3": 52.5, "8": 55.0},
-        "busbw_gbps": 310.4,
-        "ranks": [{"nccl": "2.28.9"}, {"nccl": "2.28.9"}],
-    }
-    result = comm.judge_nccl(data, 2)
+    answer = nccl_answer(
+        nccl_rank(0, busbw=310.4, latency=(51.0, 52.5, 55.0)), nccl_rank(1, busbw=312.0, latency=(50.0, 52.0, 54.0))
+    )
+    result = comm.judge_nccl(answer, 2)
     assert result.status is Status.PASS
     assert "1/3/8 x 7168 bf16: 51/52/55 us" in result.summary and "310 GB/s" in result.summary
+    assert {k: result.data[k] for k in ("nccl", "busbw_gbps", "world_size")} == {
+        "nccl": "2.28.9",
+        "busbw_gbps": 310.4,
+        "world_size": 2,
+    }
+    assert result.data["latency_us"] == {"1": 51.0, "3": 52.5, "8": 55.0}
+    json.dumps(result.data)  # the JSON report carries it as it is
+
+
+def test_nccl_reports_exact_results_per_size_from_512_kib_to_the_bandwidth_buffer() -> None:
+    result = comm.judge_nccl(nccl_answer(), 2)
+    assert result.status is Status.PASS
+    assert result.data["sizes"] == [
+        {"bytes": n, "correct": True, "mismatches": 0} for n in (112 * KIB, 512 * KIB, MIB, 4 * MIB, 64 * MIB)
+    ]
+    assert "exact at 112 KiB, 512 KiB, 1 MiB, 4 MiB, 64 MiB" in result.details
+
+
+def test_nccl_wrong_at_512_kib_fails_naming_the_size_the_version_and_the_floor() -> None:
+    answer = nccl_answer(nccl_rank(0, "2.26.2", wrong={512 * KIB: 7}), nccl_rank(1, "2.26.2", wrong={512 * KIB: 5}))
+    result = comm.judge_nccl(answer, 2)
+    assert result.status is Status.FAIL
+    assert result.summary == "NCCL 2.26.2 allreduce returned 12 wrong element(s) at 512 KiB"
+    assert ">= 2.27.3" in result.remedy and "--tags nccl" in result.remedy
+    assert "known-bad" in result.details  # sm120kit's NCCL table says why
+    assert {"bytes": 512 * KIB, "correct": False, "mismatches": 12} in result.data["sizes"]  # type: ignore[operator]
+
+
+def test_nccl_fault_at_a_size_fails_naming_the_size_and_the_version() -> None:
+    """An illegal memory access raises in the rank: it reports the sizes that passed and where it failed."""
+    partial = NcclRank(nccl_rank(0).head, "2.26.2", sizes=nccl_rank(0).sizes[:1], failed_bytes=512 * KIB)
+    error = "allreduce of 512 KiB: RuntimeError: CUDA error: an illegal memory access was encountered"
+    problem = f"rank 0: {error}"
+    answer = nccl_answer(
+        replace(partial, head=replace(partial.head, error=error)), NcclRank(), launch=launched(False, problem=problem)
+    )
+    result = comm.judge_nccl(answer, 2)
+    assert result.status is Status.FAIL
+    assert result.summary.startswith("NCCL 2.26.2 allreduce failed at 512 KiB: rank 0: allreduce of 512 KiB")
+    assert ">= 2.27.3" in result.remedy
+
+
+def test_nccl_over_pcie_below_the_busbw_floor_warns_with_the_figure() -> None:
+    answer = nccl_answer(nccl_rank(0, busbw=11.2), nccl_rank(1, busbw=11.9), links=pcie())
+    result = comm.judge_nccl(answer, 2)
+    assert result.status is Status.WARN
+    assert "busbw 11.2 GB/s at 64 MiB over PCIe is below the 15 GB/s floor" in result.summary
+    assert result.remedy == remedies.COMM_PCIE_BUSBW
+    assert result.data["busbw_gbps"] == 11.2 and result.data["busbw_floor_gbps"] == 15.0
+
+
+def test_nccl_over_pcie_above_the_floor_and_over_nvlink_below_it_pass() -> None:
+    assert comm.judge_nccl(nccl_answer(nccl_rank(0, busbw=24.0), nccl_rank(1), links=pcie()), 2).status is Status.PASS
+    assert comm.judge_nccl(nccl_answer(nccl_rank(0, busbw=11.2), nccl_rank(1)), 2).status is Status.PASS
+
+
+def test_nccl_with_the_link_unknown_applies_no_floor_and_says_so() -> None:
+    answer = replace(nccl_answer(nccl_rank(0, busbw=11.2), nccl_rank(1)), links=(), links_error="nvidia-smi: exit 9")
+    result = comm.judge_nccl(answer, 2)
+    assert result.status is Status.PASS and "no bus-bandwidth floor applied" in result.details
 
 
 def test_symm_mem_without_p2p_names_the_cause() -> None:
-    result = comm.judge_symm_mem({"ok": False, "problem": "rank 0: RuntimeError: CUDA error: invalid device ordinal"})
+    problem = "rank 0: RuntimeError: CUDA error: invalid device ordinal"
+    result = comm.judge_symm_mem(symm_answer(launch=launched(False, problem=problem)))
     assert result.status is Status.FAIL and "no P2P" in result.summary
 
 
 def test_symm_mem_reports_that_multicast_was_not_allowed() -> None:
-    data = {
-        "ok": True,
-        "multicast_ptr": [0, 0],
-        "multimem_allowed": False,
-        "correct": {"one_shot": True, "two_shot": True, "nccl_matches_reference": True},
-        "latency_us": {"one_shot": {"1": 17.0}, "two_shot": {"1": 12.0}, "nccl": {"1": 51.0}},
-    }
-    result = comm.judge_symm_mem(data)
+    result = comm.judge_symm_mem(symm_answer(symm_rank(0, tokens=("1",)), symm_rank(1, tokens=("1",))))
     assert result.status is Status.PASS
     assert "one_shot 17 us, two_shot 12 us, nccl 51 us" in result.summary
     assert "TORCH_SYMM_MEM_DISABLE_MULTICAST" in result.details
-
-
-def fusion_data(cached: bool, err: float = 3e-6) -> dict[str, Any]:
-    return {
-        "ok": True,
-        "flashinfer": "0.7.2",
-        "backend": "trtllm",
-        "workspace": "TRTLLMAllReduceFusionWorkspace",
-        "max_rel_err": {"1": err, "3": err, "8": err},
-        "latency_us": {"fused": {"1": 35.0, "3": 36.0, "8": 38.0}, "unfused": {"1": 167.0, "3": 170.0, "8": 178.0}},
-        "jit": {
-            "modules": [
-                {"name": "trtllm_comm", "cached_before": cached, "built": not cached, "seconds": 0 if cached else 290}
-            ],
-            "environment": {"targets": ["90a"], "arch_list_env": ""},
+    result = comm.judge_symm_mem(symm_answer())
+    assert "one_shot 17/21/33 us, two_shot 12/30/25 us, nccl 51/36/60 us" in result.summary
+    assert result.data == {
+        "latency_us": {
+            "nccl": {"1": 51.0, "3": 36.0, "8": 60.0},
+            "one_shot": {"1": 17.0, "3": 21.0, "8": 33.0},
+            "two_shot": {"1": 12.0, "3": 30.0, "8": 25.0},
         },
+        "multicast": False,
+        "multicast_ptr": [0, 0],
     }
 
 
+def test_symm_mem_wrong_on_one_rank_fails_for_that_path() -> None:
+    result = comm.judge_symm_mem(symm_answer(symm_rank(0), symm_rank(1, two_shot_ok=False)))
+    assert result.status is Status.FAIL and result.summary == "symmetric-memory allreduce wrong for two_shot"
+
+
+def test_symm_mem_with_multicast_runs_multimem() -> None:
+    result = comm.judge_symm_mem(symm_answer(symm_rank(0, multimem=True), symm_rank(1, multimem=True)))
+    assert result.status is Status.PASS and "multimem 9/9/9 us" in result.summary
+    assert result.data["multicast"] is True
+
+
 def test_fusion_compiled_cold_warns_with_the_warming_command() -> None:
-    result = comm.judge_fusion(fusion_data(cached=False), fusion_gate("0.7.2", ["9.0"], multicast=False), 900)
+    result = comm.judge_fusion(fusion_answer(cached=False), fusion_support("0.7.2", ["9.0"], multicast=False), 900)
     assert result.status is Status.WARN
     assert "trtllm_comm 290 s" in result.summary and remedies.FLASHINFER_JIT in result.remedy
 
 
 def test_fusion_from_cache_passes_with_fused_beside_unfused() -> None:
-    result = comm.judge_fusion(fusion_data(cached=True), fusion_gate("0.7.2", ["9.0"], multicast=False), 120)
+    result = comm.judge_fusion(fusion_answer(cached=True), fusion_support("0.7.2", ["9.0"], multicast=False), 120)
     assert result.status is Status.PASS
     assert "fused 35/36/38 us vs unfused 167/170/178 us" in result.summary
     assert "backend trtllm" in result.summary and "JIT targets 90a" in result.details
+    assert "PcieIpcAllReduceWorkspace (pcie_2gpu): correct, 40/40/40 us" in result.details
+    assert sorted(result.data) == [
+        "backend",
+        "cold_build",
+        "jit",
+        "latency_us",
+        "max_rel_err",
+        "pcie_ipc",
+        "targets",
+        "workspace",
+    ]
+    json.dumps(result.data)
 
 
 def test_fusion_result_far_from_the_reference_fails() -> None:
-    result = comm.judge_fusion(fusion_data(cached=True, err=0.3), fusion_gate("0.7.2", ["9.0"], multicast=False), 120)
+    gate = fusion_support("0.7.2", ["9.0"], multicast=False)
+    result = comm.judge_fusion(fusion_answer(cached=True, err=0.3), gate, 120)
     assert result.status is Status.FAIL and "differs from the torch reference" in result.summary
 
 
 def test_fusion_arch_gate_error_from_flashinfer_gets_the_remedy() -> None:
-    data = {
-        "ok": False,
-        "problem": "rank 0: RuntimeError: No supported CUDA architectures found for major versions [9, 10].",
-    }
-    gate = fusion_gate("0.6.12", ["12.0"], multicast=False)
-    result = comm.judge_fusion(data, gate, 900)
+    answer = fusion_failed("rank 0: RuntimeError: No supported CUDA architectures found for major versions [9, 10].")
+    gate = fusion_support("0.6.12", ["12.0"], multicast=False)
+    result = comm.judge_fusion(answer, gate, 900)
     assert result.status is Status.FAIL and "flashinfer-python>=0.6.17" in result.remedy
 
 
 def test_fusion_timeout_in_the_jit_build_points_at_warming() -> None:
-    data = {
-        "ok": False,
-        "timed_out": True,
-        "problem": "ranks hung for 895 s (in jit build, init_process_group) and were killed",
-    }
-    result = comm.judge_fusion(data, fusion_gate("0.7.2", ["12.0"], multicast=False), 900)
+    answer = fusion_failed("ranks hung for 895 s (in jit build, init_process_group) and were killed", timed_out=True)
+    result = comm.judge_fusion(answer, fusion_support("0.7.2", ["12.0"], multicast=False), 900)
     assert "JIT build did not finish within 900 s" in result.summary and comm.JIT_TIMEOUT_ENV in result.remedy
 
 
+def test_fusion_hang_after_the_build_keeps_rank_0s_jit_report() -> None:
+    answer = fusion_failed("ranks hung for 115 s (in create workspace) and were killed", timed_out=True, jit=True)
+    result = comm.judge_fusion(answer, fusion_support("0.7.2", ["9.0"], multicast=False), 120)
+    assert result.summary.startswith("allreduce fusion hung") and result.remedy == comm.P2P_REMEDY
+    assert result.data["cold_build"] is True and result.data["jit"]["modules"][0]["name"] == "trtllm_comm"  # type: ignore[index]
+
+
 def test_geforce_pair_warns_that_p2p_is_disabled_by_the_driver() -> None:
-    evidence = {
-        "topo_m": {"ok": True, "text": (FIXTURES / "topo_m_2x5090_phb.txt").read_text()},
-        "topo_p2p_r": {"ok": True, "text": (FIXTURES / "topo_p2p_rw_2x5090_gns.txt").read_text()},
-        "cmdline": "BOOT_IMAGE=/vmlinuz ro quiet",
-        "acs": {"ok": True, "readable": False, "ports": []},
-    }
+    evidence = topology_evidence(
+        "topo_m_2x5090_phb.txt", "topo_p2p_rw_2x5090_gns.txt", acs=AcsEvidence(True, False, ())
+    )
     result = comm.judge_topology(evidence, [gpu(0, "NVIDIA GeForce RTX 5090"), gpu(1, "NVIDIA GeForce RTX 5090")])
     assert result.status is Status.WARN
     assert "P2P disabled by the driver on NVIDIA GeForce RTX 5090" in result.summary
@@ -220,26 +302,100 @@ def test_geforce_pair_warns_that_p2p_is_disabled_by_the_driver() -> None:
 
 
 def test_translating_iommu_on_a_pcie_box_warns_with_iommu_pt() -> None:
-    evidence = {
-        "topo_m": {"ok": True, "text": (FIXTURES / "topo_m_5gpu_node_phb.txt").read_text()},
-        "topo_p2p_r": {"ok": True, "text": (FIXTURES / "topo_p2p_p_5gpu_ok.txt").read_text()},
-        "cmdline": "BOOT_IMAGE=/vmlinuz ro amd_iommu=on",
-        "acs": {"ok": True, "readable": True, "ports": []},
-    }
+    evidence = topology_evidence(
+        "topo_m_5gpu_node_phb.txt",
+        "topo_p2p_p_5gpu_ok.txt",
+        gpus=(0, 1, 2, 3, 4),
+        cmdline="BOOT_IMAGE=/vmlinuz ro amd_iommu=on",
+    )
     result = comm.judge_topology(evidence, [gpu(i) for i in range(5)])
     assert result.status is Status.WARN and "IOMMU translates DMA" in result.summary
     assert "iommu=pt" in result.remedy
 
 
 def test_nvlink_node_with_p2p_passes() -> None:
-    evidence = {
-        "topo_m": {"ok": True, "text": (FIXTURES / "topo_m_8xh100_nv18.txt").read_text()},
-        "nvml": {"ok": True, "pairs": [{"pair": [0, 1], "read": "OK", "write": "OK", "nvlink": "OK"}]},
-        "cmdline": "BOOT_IMAGE=/vmlinuz ro intel_iommu=on",
-        "acs": {"ok": False, "error": "lspci not found on PATH"},
-    }
+    evidence = topology_evidence(
+        "topo_m_8xh100_nv18.txt",
+        pairs=(nvml_pair(0, 1, ancestor="NV"),),
+        cmdline="BOOT_IMAGE=/vmlinuz ro intel_iommu=on",
+        acs=AcsEvidence(False, error="lspci not found on PATH"),
+    )
     result = comm.judge_topology(
         evidence, [gpu(0, "NVIDIA H100 80GB HBM3", "9.0"), gpu(1, "NVIDIA H100 80GB HBM3", "9.0")]
     )
     assert result.status is Status.PASS
     assert result.summary == "2 GPUs over NVLink, P2P OK on 1/1 pairs"
+
+
+def test_acs_redirect_behind_a_pcie_switch_warns() -> None:
+    evidence = topology_evidence(
+        "topo_m_8xh100_nv18.txt", pairs=(nvml_pair(0, 1),), acs=AcsEvidence(True, True, (ACS_REDIRECT,))
+    )
+    evidence = replace(evidence, topo_m=CommandText(True, text="\tGPU0\tGPU1\nGPU0\t X \tPXB\nGPU1\tPXB\t X \n"))
+    result = comm.judge_topology(evidence, [gpu(0), gpu(1)])
+    assert result.status is Status.WARN and "ACS redirects peer traffic on 00:01.1" in result.summary
+    assert result.data["acs_redirect_ports"] == ["00:01.1"]
+
+
+def answers_from(data: dict[str, object]) -> Any:
+    def probe(module: str, args: Sequence[str], *, timeout: float, env: Any = None, python: Any = None) -> ChildOutcome:
+        return ChildOutcome(ok=True, data=data)
+
+    return probe
+
+
+def broken(answer: dict[str, object], path: Sequence[str | int], value: object) -> dict[str, object]:
+    """The answer with one field at `path` replaced (JSON copy: the original is kept)."""
+    copy = json.loads(json.dumps(answer))
+    node = copy
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return dict(copy)
+
+
+@pytest.mark.parametrize(
+    ("check", "answer", "path", "value", "field"),
+    [
+        (comm.Topology, topology_evidence("topo_m_8xh100_nv18.txt").to_json(), ["topo_m", "text"], 7, "topo_m.text"),
+        (
+            comm.NcclAllreduce,
+            nccl_answer().to_json(),
+            ["ranks", 1, "sizes", 2, "mismatches"],
+            "0",
+            "ranks[1].sizes[2].mismatches",
+        ),
+        (comm.NcclAllreduce, nccl_answer().to_json(), ["busbw_gbps"], "fast", "busbw_gbps"),
+        (
+            comm.SymmMem,
+            symm_answer().to_json(),
+            ["ranks", 0, "sizes", "3", "one_shot_correct"],
+            None,
+            "ranks[0].sizes.3.one_shot_correct",
+        ),
+        (comm.SymmMem, symm_answer().to_json(), ["correct"], [True], "correct"),
+        (
+            comm.AllreduceFusion,
+            fusion_answer().to_json(),
+            ["jit", "modules", 0, "seconds"],
+            "290",
+            "jit.modules[0].seconds",
+        ),
+        (comm.AllreduceFusion, fusion_answer().to_json(), ["latency_us", "fused", "8"], None, "latency_us.fused.8"),
+    ],
+)
+def test_a_malformed_probe_answer_is_a_fail_naming_the_field(
+    monkeypatch: pytest.MonkeyPatch,
+    check: Any,
+    answer: dict[str, object],
+    path: list[str | int],
+    value: object,
+    field: str,
+) -> None:
+    monkeypatch.setattr(comm, "run_probe", answers_from(broken(answer, path, value)))
+    monkeypatch.setattr(metadata, "version", lambda name: "0.7.2")
+    monkeypatch.setattr(comm, "predicted_cached", lambda *args, **kw: True)
+    result = check().run(context([gpu(0, "NVIDIA H200", "9.0"), gpu(1, "NVIDIA H200", "9.0")]))
+    assert result.status is Status.FAIL
+    assert "printed a malformed answer" in result.summary and f": {field}: " in result.summary, result.summary
+    assert "sm120check.doctor.probes." in result.remedy

@@ -19,32 +19,32 @@ def test_sm120_kernels_arrive_in_0_6_17(version: str, majors: tuple[int, ...]) -
 
 
 def test_sm120_node_with_0_6_12_fails_with_the_upgrade() -> None:
-    gate = flashinfer_release.fusion_gate("0.6.12", ["12.0", "12.0"], multicast=False)
+    gate = flashinfer_release.fusion_support("0.6.12", ["12.0", "12.0"], multicast=False)
     assert not gate.ok
     assert "no SM120 allreduce-fusion kernels" in gate.summary
     assert gate.remedy == "pip install 'flashinfer-python>=0.6.17'"
 
 
 def test_the_manifest_pin_is_the_remedy_when_known() -> None:
-    gate = flashinfer_release.fusion_gate("0.6.3", ["12.0"], multicast=False, pin="0.7.2")
+    gate = flashinfer_release.fusion_support("0.6.3", ["12.0"], multicast=False, pin="0.7.2")
     assert "flashinfer-python==0.7.2" in gate.remedy and "python_stack" in gate.remedy
 
 
 def test_sm120_node_with_0_7_2_passes_the_gate() -> None:
-    assert flashinfer_release.fusion_gate("0.7.2", ["12.0", "12.0"], multicast=False).ok
+    assert flashinfer_release.fusion_support("0.7.2", ["12.0", "12.0"], multicast=False).ok
 
 
 def test_hopper_passes_with_old_releases_too() -> None:
-    assert flashinfer_release.fusion_gate("0.6.12", ["9.0", "9.0"], multicast=False).ok
+    assert flashinfer_release.fusion_support("0.6.12", ["9.0", "9.0"], multicast=False).ok
 
 
 def test_releases_up_to_0_6_9_need_multicast() -> None:
-    gate = flashinfer_release.fusion_gate("0.6.9", ["9.0", "9.0"], multicast=False)
+    gate = flashinfer_release.fusion_support("0.6.9", ["9.0", "9.0"], multicast=False)
     assert not gate.ok and "multicast" in gate.summary
 
 
 def test_ampere_is_out_of_reach_but_pcie_ipc_is_mentioned_from_0_7_0() -> None:
-    gate = flashinfer_release.fusion_gate("0.7.2", ["8.6", "8.6"], multicast=False)
+    gate = flashinfer_release.fusion_support("0.7.2", ["8.6", "8.6"], multicast=False)
     assert not gate.ok and "PcieIpcAllReduceWorkspace" in gate.summary
     assert not flashinfer_release.has_pcie_ipc((0, 6, 17))
 

@@ -94,3 +94,13 @@ def test_a_hang_reports_where_each_rank_was_stuck(tmp_path: Path) -> None:
         assert f"--- rank {rank} (first allreduce)" in result.evidence
     # faulthandler's stacks, taken just before the kill, name the function each rank hung in.
     assert result.evidence.count("in hang_with_child") == 2, result.evidence
+
+
+@pytest.mark.timeout(120)  # a guard against a hang, not a speed target
+def test_a_rank_that_fails_with_partial_results_reports_them_and_ends_the_launch() -> None:
+    result = launch("comm_fake_ranks:rank0_fails_with_partial", 2, {}, timeout=60, grace=1.0, env=ENV)
+    assert not result.timed_out and not result.ok  # ended by the failure plus the grace, not the timeout
+    failed = result.ranks[0]
+    assert failed.returncode == 1 and failed.data["nccl"] == "2.26.2"
+    assert failed.error == "allreduce of 512 KiB: RuntimeError: illegal memory access"
+    assert "rank 0: allreduce of 512 KiB" in result.problem

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120check.comm import topology
+from sm120check.comm import topology_parse
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "comm"
 
@@ -16,7 +16,7 @@ def read(name: str) -> str:
 
 
 def test_nvswitch_h100_pairs_are_nvlink_x18() -> None:
-    matrix = topology.parse_topo_matrix(read("topo_m_8xh100_nv18.txt"))
+    matrix = topology_parse.parse_topo_matrix(read("topo_m_8xh100_nv18.txt"))
     assert matrix.gpus == tuple(range(8))
     assert len(matrix.pairs()) == 28
     assert {matrix.link(a, b).code for a, b in matrix.pairs()} == {"NV18"}
@@ -24,39 +24,41 @@ def test_nvswitch_h100_pairs_are_nvlink_x18() -> None:
 
 
 def test_geforce_pair_behind_host_bridge_is_pcie_phb() -> None:
-    matrix = topology.parse_topo_matrix(read("topo_m_2x5090_phb.txt"))
+    matrix = topology_parse.parse_topo_matrix(read("topo_m_2x5090_phb.txt"))
     assert matrix.link(0, 1).code == "PHB" and matrix.link(0, 1).kind == "pcie"
     assert matrix.cpu_affinity == {0: "0-63", 1: "0-63"}
     assert matrix.numa_affinity == {0: "0", 1: "0"}
 
 
 def test_mixed_node_and_phb_links_are_read_per_pair() -> None:
-    matrix = topology.parse_topo_matrix(read("topo_m_5gpu_node_phb.txt"))
+    matrix = topology_parse.parse_topo_matrix(read("topo_m_5gpu_node_phb.txt"))
     assert matrix.link(3, 4).code == "PHB"
     assert matrix.link(0, 4).code == "NODE"
     assert matrix.link(4, 3) == matrix.link(3, 4)
 
 
 def test_empty_cpu_affinity_cells_keep_numa_columns_aligned() -> None:
-    matrix = topology.parse_topo_matrix(read("topo_m_4gpu_nv18_two_numa.txt"))
+    matrix = topology_parse.parse_topo_matrix(read("topo_m_4gpu_nv18_two_numa.txt"))
     assert matrix.cpu_affinity[1] == ""
     assert matrix.numa_affinity == {0: "0", 1: "1", 2: "1", 3: "1"}
 
 
 def test_p2p_matrix_reports_driver_disabled_geforce_p2p() -> None:
-    status = topology.parse_p2p_matrix(read("topo_p2p_rw_2x5090_gns.txt"))
+    status = topology_parse.parse_p2p_matrix(read("topo_p2p_rw_2x5090_gns.txt"))
     assert status == {(0, 1): "GNS", (1, 0): "GNS"}
-    assert "driver disables" in topology.P2P_MEANING["GNS"]
+    assert "driver disables" in topology_parse.P2P_MEANING["GNS"]
 
 
 def test_p2p_matrix_all_ok_on_five_gpus() -> None:
-    status = topology.parse_p2p_matrix(read("topo_p2p_p_5gpu_ok.txt"))
+    status = topology_parse.parse_p2p_matrix(read("topo_p2p_p_5gpu_ok.txt"))
     assert len(status) == 20 and set(status.values()) == {"OK"}
 
 
 def test_text_without_a_matrix_is_refused_with_what_was_expected() -> None:
     with pytest.raises(ValueError, match="header"):
-        topology.parse_topo_matrix("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
+        topology_parse.parse_topo_matrix(
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+        )
 
 
 @pytest.mark.parametrize(
@@ -70,24 +72,24 @@ def test_text_without_a_matrix_is_refused_with_what_was_expected() -> None:
     ],
 )
 def test_iommu_mode_from_the_kernel_command_line(cmdline: str, mode: str) -> None:
-    assert topology.iommu_mode(cmdline).mode == mode
+    assert topology_parse.iommu_mode(cmdline).mode == mode
 
 
 def test_sysfs_group_type_outranks_the_command_line() -> None:
-    judged = topology.iommu_mode("ro quiet iommu=pt", ["DMA-FQ"])
+    judged = topology_parse.iommu_mode("ro quiet iommu=pt", ["DMA-FQ"])
     assert judged.mode == "translated" and judged.blocks_p2p
-    assert topology.iommu_mode("ro amd_iommu=on", ["identity", "identity"]).mode == "passthrough"
+    assert topology_parse.iommu_mode("ro amd_iommu=on", ["identity", "identity"]).mode == "passthrough"
 
 
 def test_acs_redirect_found_on_amd_root_ports() -> None:
-    ports, readable = topology.parse_lspci_acs(read("lspci_acs_amd_gpp.txt"))
+    ports, readable = topology_parse.parse_lspci_acs(read("lspci_acs_amd_gpp.txt"))
     assert readable
     assert [p.address for p in ports] == ["00:01.1", "00:01.2"]
     assert all(p.redirect for p in ports)
 
 
 def test_acs_unreadable_without_root_is_said() -> None:
-    _, readable = topology.parse_lspci_acs(
+    _, readable = topology_parse.parse_lspci_acs(
         "01:00.0 VGA compatible controller: NVIDIA\n\tCapabilities: <access denied>\n"
     )
     assert not readable
@@ -103,4 +105,4 @@ def test_acs_unreadable_without_root_is_said() -> None:
     ],
 )
 def test_geforce_parts_are_known_to_have_p2p_disabled(name: str, disabled: bool) -> None:
-    assert topology.driver_disables_p2p(name) is disabled
+    assert topology_parse.driver_disables_p2p(name) is disabled

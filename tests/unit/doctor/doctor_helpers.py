@@ -6,12 +6,13 @@ import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, cast
 
 from sm120check.doctor import facts
-from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.model import Check, Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "doctor"
@@ -68,6 +69,24 @@ class ToyCheck:
         if self.raises is not None:
             raise self.raises
         return Result(self.id, self.status, f"{self.id} said {self.status.value}", remedy=f"fix {self.id}")
+
+
+class CheckDouble(Protocol):
+    """A runner test's stand-in check: a real check's shape, its id and graph set per instance."""
+
+    id: str
+    family: str
+    level: int
+    requires: tuple[str, ...]
+    uses: tuple[str, ...]
+
+    def run(self, ctx: Context) -> Result: ...
+
+
+def as_checks(doubles: Iterable[CheckDouble]) -> list[Check]:
+    """The stand-ins as the runner takes them: `Check` declares its fields class variables (one class per check),
+    the stand-ins set them per instance; the runner only reads them, which is the same either way."""
+    return cast("list[Check]", list(doubles))
 
 
 def doctor(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:

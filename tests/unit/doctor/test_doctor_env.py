@@ -10,7 +10,7 @@ import pytest
 
 from sm120check.doctor.checks.env import EnvCheck
 from sm120check.doctor.model import Context, Status
-from sm120check.manifest import Manifest
+from sm120check.manifest import CudaPins, Manifest, NcclPins
 
 HOOK = """import os as _os
 ENV = {"TORCH_CUDA_ARCH_LIST": "12.0", "NCCL_NVLS_ENABLE": "0"}
@@ -19,6 +19,8 @@ for _name, _value in ENV.items():
 _os.environ["SM120KIT_ENV"] = __file__
 """
 DEBIAN_PYTHON = Path("/usr/bin/python3")
+# The toolkit and NCCL pins: the env check reads none of them.
+NO_CUDA, NO_NCCL = CudaPins("", "", "", "", ""), NcclPins("", "")
 
 
 def _venv(tmp_path: Path, python: str = sys.executable) -> tuple[Path, Path]:
@@ -28,7 +30,7 @@ def _venv(tmp_path: Path, python: str = sys.executable) -> tuple[Path, Path]:
 
 
 def _ctx(venv: Path, env: dict[str, str]) -> Context:
-    manifest = Manifest(Path("m.json"), "core", {}, {}, "580.65.06", str(venv), {}, env, raw={})
+    manifest = Manifest(Path("m.json"), "core", NO_CUDA, NO_NCCL, "580.65.06", str(venv), {}, env, raw={})
     return Context(manifest=manifest)
 
 

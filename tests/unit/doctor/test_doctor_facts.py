@@ -17,13 +17,13 @@ import pytest
 from doctor_helpers import SRC, facts_for, gpu, write_manifest
 
 from sm120check.doctor import child, cli, facts, nvrtc_api
-from sm120check.doctor.checks import comm, driver, jit, sglang, torch
+from sm120check.doctor.checks import comm, driver, nvrtc_launch, sglang, torch
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
 from sm120check.doctor.nvrtc_api import Compiled, NvrtcInfo, answer_from
 from sm120check.doctor.payloads import PayloadError
-from sm120check.doctor.payloads.jit_launch import JitLaunch, LaunchRow
 from sm120check.doctor.payloads.nvml_info import NvmlAnswer
+from sm120check.doctor.payloads.nvrtc_launch import JitLaunch, LaunchRow
 from sm120check.doctor.payloads.sglang_comm import SglangCommAnswer
 from sm120check.doctor.payloads.torch_info import TorchInfo
 
@@ -85,7 +85,7 @@ def test_checks_that_read_the_gpu_list_no_longer_declare_the_driver_for_it() -> 
     # A failed driver must still skip these: the list is there, the driver is too old for it.
     assert driver.PersistenceCheck.requires == ("driver",) and comm.NcclAllreduce.requires == ("driver", "torch")
     # These judge the driver's status (a too-old driver: no GPU work expected), the GPU list comes from the facts.
-    assert jit.Sm120JitCheck.uses == ("driver",) and "driver" in torch.TorchCheck.uses
+    assert nvrtc_launch.Sm120JitCheck.uses == ("driver",) and "driver" in torch.TorchCheck.uses
 
 
 def test_sglang_check_reads_the_first_gpus_capability_from_the_facts() -> None:
@@ -94,7 +94,7 @@ def test_sglang_check_reads_the_first_gpus_capability_from_the_facts() -> None:
 
 
 def test_gpu_work_is_expected_only_when_the_driver_passed_and_nvml_listed_gpus() -> None:
-    compiled = [Compiled(a, True, 0, b"x") for a in jit.TARGETS]
+    compiled = [Compiled(a, True, 0, b"x") for a in nvrtc_launch.TARGETS]
     launched: list[str] = []
 
     def probe(timeout: float, compile_for: Any = ()) -> Any:
@@ -112,10 +112,10 @@ def test_gpu_work_is_expected_only_when_the_driver_passed_and_nvml_listed_gpus()
         mp.setattr(child, "run_probe", run_probe)
         old = {"driver": Result("driver", Status.FAIL, "driver 570 is older than 580.65.06")}
         too_old = Context(facts=facts_for((gpu(0),)), results=old)
-        assert "nothing launched" in jit.Sm120JitCheck().run(too_old).summary and launched == []
+        assert "nothing launched" in nvrtc_launch.Sm120JitCheck().run(too_old).summary and launched == []
         ok = Context(facts=facts_for((gpu(0),)), results={"driver": Result("driver", Status.PASS, "driver ok")})
-        result = jit.Sm120JitCheck().run(ok)
-    assert launched == [jit.PROBE] and result.status is Status.PASS, result
+        result = nvrtc_launch.Sm120JitCheck().run(ok)
+    assert launched == [nvrtc_launch.PROBE] and result.status is Status.PASS, result
     assert result.data["gpus"] == [
         {"gpu": 0, "name": "NVIDIA H200", "cc": "9.0", "arch": "sm_90", "ok": True, "mismatches": 0, "elements": 4099}
     ]
@@ -256,3 +256,13 @@ def _ended(pid: int, within: float = 10) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_the_health_probe_starts_in_the_background_and_every_reader_gets_the_same_answer() -> None:
+    """gather starts the real node-health probe (at rest here: no GPU) beside NVML; readers wait for one answer."""
+    gathered = facts.gather(facts.NodeFacts(), timeout=60, nvml=False, health=facts.HealthPlan(load=False))
+    first, second = gathered.health, gathered.health
+    assert first is not None and first is second and not first.loaded
+    assert first.health is not None, first.problem
+    assert first.health.load_error in ("skipped: --no-load", "skipped: no NVML")
+    assert facts.gather(facts.NodeFacts(), timeout=60, nvml=False).health is None  # no health check: not asked

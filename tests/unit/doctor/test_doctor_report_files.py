@@ -147,7 +147,12 @@ def test_an_unusable_output_path_is_refused_before_the_checks(
         (tmp_path / "plain").write_text("", encoding="utf-8")
         target = tmp_path / "plain" / "out.file"
     ran: list[object] = []
-    monkeypatch.setattr("sm120check.doctor.runner.run", lambda *a, **k: ran.append(a) or [])
+
+    def run(*a: object, **k: object) -> list[object]:
+        ran.append(a)
+        return []
+
+    monkeypatch.setattr("sm120check.doctor.runner.run", run)
     code = main(["doctor", "--level", "1", "--select", "platform", option, str(target)])
     err = capsys.readouterr().err
     assert code == 2

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import threading
 import time
 
 import pytest
-from doctor_helpers import ToyCheck
+from doctor_helpers import CheckDouble, ToyCheck, as_checks
 
 from sm120check.doctor import runner
 from sm120check.doctor.model import Context, Result, Status
@@ -24,29 +25,29 @@ def _catalogue() -> list[ToyCheck]:
 
 
 def test_level_filter_includes_every_level_up_to_n() -> None:
-    ids = [c.id for c in runner.plan(_catalogue(), level=2)]
+    ids = [c.id for c in runner.plan(as_checks(_catalogue()), level=2)]
     assert ids == ["platform", "driver", "gpu_nodes", "nvrtc", "sm120_jit"]
 
 
 def test_checks_run_by_level_then_catalogue_order() -> None:
     checks = [ToyCheck("b", level=2), ToyCheck("a", level=1), ToyCheck("c", level=2), ToyCheck("d", level=1)]
-    assert [c.id for c in runner.plan(checks, level=3)] == ["a", "d", "b", "c"]
+    assert [c.id for c in runner.plan(as_checks(checks), level=3)] == ["a", "d", "b", "c"]
 
 
 def test_select_brings_its_prerequisites_along() -> None:
-    ids = [c.id for c in runner.plan(_catalogue(), level=1, select=["sm120_jit"])]
+    ids = [c.id for c in runner.plan(as_checks(_catalogue()), level=1, select=["sm120_jit"])]
     assert ids == ["nvrtc", "sm120_jit"]
 
 
 def test_unknown_select_id_is_named_with_the_valid_ids() -> None:
     with pytest.raises(runner.SelectionError) as err:
-        runner.plan(_catalogue(), level=2, select=["nvrtcc"])
+        runner.plan(as_checks(_catalogue()), level=2, select=["nvrtcc"])
     assert "'nvrtcc'" in str(err.value)
     assert "nvrtc, sm120_jit" in str(err.value)
 
 
 def test_dependent_of_a_skipped_check_skips_with_its_reason() -> None:
-    results = runner.run(runner.plan(_catalogue(), level=1), Context())
+    results = runner.run(runner.plan(as_checks(_catalogue()), level=1), Context())
     gpu_nodes = next(r for r in results if r.id == "gpu_nodes")
     assert gpu_nodes.status is Status.SKIP
     assert gpu_nodes.summary == "needs driver, which was skipped: driver said skip"
@@ -55,21 +56,21 @@ def test_dependent_of_a_skipped_check_skips_with_its_reason() -> None:
 
 def test_dependent_of_a_failed_check_does_not_run() -> None:
     checks = _catalogue()
-    results = runner.run(runner.plan(checks, level=2), Context())
+    results = runner.run(runner.plan(as_checks(checks), level=2), Context())
     jit = next(r for r in results if r.id == "sm120_jit")
     assert jit.status is Status.SKIP and jit.summary.startswith("needs nvrtc, which failed")
     assert checks[4].ran == []
 
 
 def test_dependent_of_a_check_removed_by_skip_says_so() -> None:
-    results = runner.run(runner.plan(_catalogue(), level=1, skip=["driver"]), Context())
+    results = runner.run(runner.plan(as_checks(_catalogue()), level=1, skip=["driver"]), Context())
     gpu_nodes = next(r for r in results if r.id == "gpu_nodes")
     assert gpu_nodes.summary == "needs driver, which did not run"
 
 
 def test_a_check_that_raises_becomes_a_fail_with_the_traceback() -> None:
     boom = ToyCheck("boom", raises=KeyError("gpus"))
-    (result,) = runner.run([boom], Context())
+    (result,) = runner.run(as_checks([boom]), Context())
     assert result.status is Status.FAIL
     assert "raised KeyError" in result.summary
     assert "KeyError: 'gpus'" in result.details
@@ -77,15 +78,15 @@ def test_a_check_that_raises_becomes_a_fail_with_the_traceback() -> None:
 
 
 def test_results_carry_family_level_and_duration() -> None:
-    (result,) = runner.run([ToyCheck("x", level=2, family="cuda_toolkit")], Context())
+    (result,) = runner.run(as_checks([ToyCheck("x", level=2, family="cuda_toolkit")]), Context())
     assert (result.family, result.level) == ("cuda_toolkit", 2)
     assert result.seconds >= 0
 
 
 def test_exit_code_is_1_only_when_something_failed() -> None:
-    passing = runner.run([ToyCheck("a"), ToyCheck("b", Status.WARN), ToyCheck("c", Status.SKIP)], Context())
+    passing = runner.run(as_checks([ToyCheck("a"), ToyCheck("b", Status.WARN), ToyCheck("c", Status.SKIP)]), Context())
     assert runner.exit_code(passing) == 0
-    assert runner.exit_code(runner.run([ToyCheck("d", Status.FAIL)], Context())) == 1
+    assert runner.exit_code(runner.run(as_checks([ToyCheck("d", Status.FAIL)]), Context())) == 1
 
 
 class _Rendezvous:
@@ -95,6 +96,10 @@ class _Rendezvous:
     waits' generous timeouts (a verdict of error), never by how long the run took."""
 
     family = "toy"
+    id: str
+    level: int
+    requires: tuple[str, ...]
+    uses: tuple[str, ...]
 
     def __init__(
         self,
@@ -132,7 +137,7 @@ def test_independent_single_node_checks_run_side_by_side_and_report_in_order() -
         _Rendezvous("d", 2, log, requires=("a",), sets=d_started),
     ]
     reported: list[str] = []
-    results = runner.run(checks, Context(), on_result=lambda r: reported.append(r.id))
+    results = runner.run(as_checks(checks), Context(), on_result=lambda r: reported.append(r.id))
     # a, b and c met at the barrier: they ran side by side; b and c finished only after d had started, so d ran
     # as soon as its prerequisite a was done, not after every other check (two waits, not four)
     assert [(r.id, r.status) for r in results] == [(i, Status.PASS) for i in "abcd"]
@@ -146,6 +151,10 @@ class _Counted:
     gives an overlapping runner the chance to show itself; a runner that keeps them apart passes whatever the load)."""
 
     family = "toy"
+    id: str
+    level: int
+    requires: tuple[str, ...]
+    uses: tuple[str, ...]
 
     def __init__(self, check_id: str, level: int, running: list[int], most: list[int], lock: threading.Lock):
         self.id, self.level, self.requires, self.uses = check_id, level, (), ()
@@ -162,16 +171,17 @@ class _Counted:
 
 
 def test_multi_gpu_checks_run_alone_one_after_another() -> None:
-    running, most, lock = [0], [], threading.Lock()
+    running, lock = [0], threading.Lock()
+    most: list[int] = []
     checks = [_Counted(i, level, running, most, lock) for i, level in (("single", 2), ("nccl", 3), ("fusion", 3))]
-    results = runner.run(checks, Context())
+    results = runner.run(as_checks(checks), Context())
     assert [r.id for r in results] == ["single", "nccl", "fusion"]
     assert most == [1, 1, 1]  # each check found itself alone
 
 
 def test_a_prerequisite_ordered_after_its_dependent_is_refused() -> None:
     with pytest.raises(ValueError, match="before the check"):
-        runner.run([ToyCheck("late", requires=("early",)), ToyCheck("early")], Context())
+        runner.run(as_checks([ToyCheck("late", requires=("early",)), ToyCheck("early")]), Context())
 
 
 class _Reader:
@@ -179,6 +189,10 @@ class _Reader:
     `driver` without declaring it, so the runner did not wait and it saw no GPUs)."""
 
     family = "toy"
+    id: str
+    level: int
+    requires: tuple[str, ...]
+    uses: tuple[str, ...]
 
     def __init__(self, check_id: str, reads: str, log: list[str], uses: tuple[str, ...] = ()) -> None:
         self.id, self.level, self.requires, self.uses = check_id, 2, (), uses
@@ -197,7 +211,9 @@ def test_a_check_waits_for_the_checks_it_uses_and_runs_whatever_their_status() -
     early = threading.Event()
 
     class Slow:
-        id, level, requires, uses, family = "slow", 1, (), (), "toy"
+        id, level, family = "slow", 1, "toy"
+        requires: tuple[str, ...] = ()
+        uses: tuple[str, ...] = ()
 
         def run(self, ctx: Context) -> Result:
             early.wait(timeout=1.0)  # a hang guard, not a measurement
@@ -209,28 +225,26 @@ def test_a_check_waits_for_the_checks_it_uses_and_runs_whatever_their_status() -
             early.set()
             return super().run(ctx)
 
-    results = runner.run([Slow(), Eager("reader", "slow", log, uses=("slow",))], Context())
+    results = runner.run(as_checks([Slow(), Eager("reader", "slow", log, uses=("slow",))]), Context())
     assert log == ["slow end", "reader start"]
     assert results[1].status is Status.PASS and results[1].summary == "saw fail"  # ran although slow failed
 
 
 def test_reading_an_undeclared_result_is_an_error_not_a_race() -> None:
-    results = runner.run([ToyCheck("driver"), _Reader("torch", "driver", [])], Context())
+    results = runner.run(as_checks([ToyCheck("driver"), _Reader("torch", "driver", [])]), Context())
     assert results[1].status is Status.FAIL
     assert "UndeclaredResult" in results[1].summary and "'driver'" in results[1].summary
 
 
 def test_plan_orders_by_the_declared_graph_not_by_registry_position() -> None:
-    checks = [_Reader("torch", "toolkit", [], uses=("toolkit",)), ToyCheck("toolkit")]
-    assert [c.id for c in runner.plan(checks, level=2)] == ["toolkit", "torch"]
+    checks: list[CheckDouble] = [_Reader("torch", "toolkit", [], uses=("toolkit",)), ToyCheck("toolkit")]
+    assert [c.id for c in runner.plan(as_checks(checks), level=2)] == ["toolkit", "torch"]
 
 
-def _results_read(node: object) -> set[str]:
+def _results_read(node: ast.AST) -> set[str]:
     """Ids X in `<...>.results.get("X")` and `<...>.results["X"]` under an AST node."""
-    import ast
-
     read: set[str] = set()
-    for sub in ast.walk(node):  # type: ignore[arg-type]
+    for sub in ast.walk(node):
         target = key = None
         if isinstance(sub, ast.Subscript):
             target, key = sub.value, sub.slice
@@ -244,7 +258,6 @@ def _results_read(node: object) -> set[str]:
 def test_every_registered_check_declares_each_result_it_reads() -> None:
     """Static scan of the real checks: every result id a check class reads, itself or through a module-level
     helper it calls, is declared in its `requires` or `uses` (the runner-side guard catches the rest at run time)."""
-    import ast
     import inspect
 
     from sm120check.doctor.checks import all_checks
@@ -255,8 +268,9 @@ def test_every_registered_check_declares_each_result_it_reads() -> None:
         helpers = {n.name: _results_read(n) for n in tree.body if isinstance(n, ast.FunctionDef)}
         cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == type(check).__name__)
         read = _results_read(cls)
-        for call in (n for n in ast.walk(cls) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
-            read |= helpers.get(call.func.id, set())  # type: ignore[union-attr]
+        for call in ast.walk(cls):
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+                read |= helpers.get(call.func.id, set())
         scanned += bool(read)
         undeclared = read - set(check.requires) - set(check.uses)
         assert not undeclared, f"{check.id} reads {sorted(undeclared)} without declaring them"

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from sm120check.doctor.checks.sglang_comm import PATCH, judge_sglang_comm
+from sm120check.doctor.checks.sglang_comm import judge_sglang_comm
 from sm120check.doctor.model import Status
 from sm120check.doctor.payloads.sglang_comm import SglangCommAnswer
+from sm120check.doctor.remedies import SGLANG_PATCH_RERUN as PATCH
 
 RECORD = Path(__file__).resolve().parents[3] / "docs/validation/2026-12-01-h200-sglang-preflight/sglang_preflight.json"
 
@@ -38,7 +39,7 @@ def test_patched_sglang_passes_the_preflight(record: dict[str, Any]) -> None:
 
 
 def _two_ranks(record: dict[str, Any]) -> dict[str, Any]:
-    data = copy.deepcopy(record["patched"])
+    data: dict[str, Any] = copy.deepcopy(record["patched"])
     rank = data["ranks"][0]
     checks = [{"elements": n, "ran": True, "max_abs_diff": 0.0, "ok": True} for n in (7168, 57344, 262144, 1048576)]
     rank["symm_mem"] = {"disabled": False, "log": [], "checks": checks}

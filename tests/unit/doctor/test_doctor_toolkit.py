@@ -82,8 +82,10 @@ def test_missing_nvcc_fails_with_the_path_tried() -> None:
 
 @pytest.mark.skipif(not Path("/usr/local/cuda/bin/nvcc").exists(), reason="no /usr/local/cuda/bin/nvcc here")
 def test_real_nvcc_builds_an_sm_120_cubin() -> None:
-    ctx = Context(facts=facts_for(toolkit_home=CudaHome("/usr/local/cuda", "CUDA_HOME")))
-    ctx.results["toolkit"] = Result("toolkit", Status.PASS, "")
+    ctx = Context(
+        facts=facts_for(toolkit_home=CudaHome("/usr/local/cuda", "CUDA_HOME")),
+        results={"toolkit": Result("toolkit", Status.PASS, "")},
+    )
     result = NvccSm120Check().run(ctx)
     assert result.status is Status.PASS, result.details
     assert int(str(result.data["cubin_bytes"])) > 1000

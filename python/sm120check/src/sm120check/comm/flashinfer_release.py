@@ -59,7 +59,7 @@ def capability_major(capability: str) -> int:
 
 
 @dataclass(frozen=True)
-class FusionGate:
+class FusionSupport:
     """Whether this FlashInfer release can run allreduce fusion on these GPUs, and the fix if not."""
 
     ok: bool
@@ -68,9 +68,9 @@ class FusionGate:
     majors: tuple[int, ...] = ()
 
 
-def fusion_gate(
+def fusion_support(
     version_text: str, capabilities: Sequence[str], *, multicast: bool, pin: str | None = None
-) -> FusionGate:
+) -> FusionSupport:
     """Judge a FlashInfer release against the node's GPUs before any kernel is built.
 
     `capabilities` are the GPUs' compute capabilities ("12.0"), `multicast` whether the node has (and
@@ -96,9 +96,9 @@ def fusion_gate(
             f"not compute capability {', '.join(missing)}"
         )
         remedy = upgrade if sm120 else "allreduce fusion is not available for this GPU; use NCCL or symmetric memory"
-        return FusionGate(False, why + "." + pcie, remedy, majors)
+        return FusionSupport(False, why + "." + pcie, remedy, majors)
     if requires_multicast(version) and not multicast:
-        return FusionGate(
+        return FusionSupport(
             False,
             f"FlashInfer {version_text} needs NVLink multicast for allreduce fusion and this node has none "
             f"(fixed in 0.6.10+)",
@@ -106,4 +106,4 @@ def fusion_gate(
             majors,
         )
     summary = f"FlashInfer {version_text} has allreduce-fusion kernels for majors {list(majors)}"
-    return FusionGate(True, summary, majors=majors)
+    return FusionSupport(True, summary, majors=majors)

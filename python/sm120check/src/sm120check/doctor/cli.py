@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sm120check import __version__, manifest
 from sm120check.doctor import child, facts, report, runner
-from sm120check.doctor.checks import all_checks
+from sm120check.doctor.checks import all_checks, health
 from sm120check.doctor.model import Check, Context
 from sm120check.exitcodes import Exit
 
@@ -159,7 +159,13 @@ def _run(args: argparse.Namespace, chosen: list[Check], ctx: Context) -> int:
     signum = 0
     try:
         # NVML is asked once, for every check, when the driver check (which judges its answer) is in the run.
-        ctx.facts = facts.gather(ctx.facts, timeout=ctx.timeout, nvml=any(c.id == "driver" for c in chosen))
+        # The node-health probe too, once, when a health check is in the run (with the loads for level 2).
+        ctx.facts = facts.gather(
+            ctx.facts,
+            timeout=ctx.timeout,
+            nvml=any(c.id == "driver" for c in chosen),
+            health=health.plan(chosen, ctx.gpus),
+        )
         results = runner.run(chosen, ctx)
     except runner.Interrupted as stopped:  # Ctrl-C or SIGTERM: the children are dead; report what finished
         results, signum = stopped.results, stopped.signum

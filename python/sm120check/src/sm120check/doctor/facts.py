@@ -3,7 +3,9 @@
 The CLI reads them before the first check (`local` with the manifest, then `gather` asks NVML), bounded, and
 the runner hands the same frozen `NodeFacts` to every check through `Context.facts`: the GPU list NVML reported
 (typed `Gpu`, or why there is none), the CUDA toolkit home FlashInfer's JIT would use, the stack venv and its
-distributions, FlashInfer's version there, and the manifest they follow.
+distributions, FlashInfer's version there, and the manifest they follow; when a node-health check is in the run,
+the node-health probe's answer (`HealthFacts`: NVML readings per GPU, the kernel log's Xids and, for level-2
+health checks, the copy and SM loads), asked once for every health check, in the background like NVML.
 A check reads facts, never another check's `data`.
 
 This module sits below the checks and the model: it imports the NVML payload, the manifest and the child runner.
@@ -22,6 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from sm120check.doctor import child
+from sm120check.doctor.health.payloads import NodeHealth
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
 from sm120check.doctor.payloads import PayloadError
 from sm120check.doctor.payloads.nvml_info import NvmlAnswer
@@ -29,6 +32,10 @@ from sm120check.manifest import Manifest
 
 NVML_PROBE = "sm120check.doctor.probes.nvml_info"
 NVML_TIMEOUT = 30.0  # NVML reads take well under a second; a GPU off the bus can make nvmlInit slow, not this slow
+HEALTH_PROBE = "sm120check.doctor.probes.node_health"
+# At rest the probe takes well under a second; the load takes about 1.5 s of copies and 0.5 s of SM load per GPU
+# (copies stop at 2.5 s a direction even on a Gen1 x1 link): 90 s covers 8 GPUs at their slowest.
+HEALTH_TIMEOUT = 90.0
 DEFAULT_HOME = "/usr/local/cuda"
 FLASHINFER = "flashinfer-python"
 
@@ -132,6 +139,54 @@ def nvml_facts(data: Mapping[str, object]) -> NvmlFacts:
 
 
 @dataclass(frozen=True)
+class HealthPlan:
+    """How the node-health probe runs: with the copy and SM loads (a level-2 health check is in the run) or at rest
+    (`--no-load`: no CUDA context), on `gpus` (None: all); `exclude_tree`: the pid whose descendants are left out
+    of the GPU process lists (the doctor's: its own children hold CUDA contexts)."""
+
+    load: bool
+    gpus: tuple[int, ...] | None = None
+    exclude_tree: int = field(default_factory=os.getpid)
+
+    def args(self) -> list[str]:
+        out = ["--exclude-tree", str(self.exclude_tree)]
+        if not self.load:
+            out.append("--no-load")
+        if self.gpus is not None:
+            out += ["--gpus", ",".join(map(str, self.gpus))]
+        return out
+
+
+@dataclass(frozen=True)
+class HealthFacts:
+    """What the node-health probe said: `health` when it answered (even without NVML: `health.nvml_error`), else
+    `problem` (it hung, crashed, printed nothing or printed a malformed answer) with its `step` and stderr."""
+
+    health: NodeHealth | None = None
+    loaded: bool = False  # it ran with the loads
+    problem: str = ""
+    step: str = ""
+    stderr_tail: str = ""
+
+
+def read_health(plan: HealthPlan, timeout: float) -> HealthFacts:
+    """Run the node-health probe in its child (bounded by min(timeout, HEALTH_TIMEOUT)) and type its answer."""
+    outcome = child.run_probe(HEALTH_PROBE, plan.args(), timeout=min(timeout, HEALTH_TIMEOUT))
+    if not outcome.ok:
+        return HealthFacts(
+            loaded=plan.load, problem=outcome.problem, step=outcome.step, stderr_tail=outcome.stderr_tail
+        )
+    return health_facts(outcome.data, plan.load)
+
+
+def health_facts(data: Mapping[str, object], loaded: bool) -> HealthFacts:
+    try:
+        return HealthFacts(NodeHealth.from_json(data), loaded)
+    except PayloadError as exc:
+        return HealthFacts(loaded=loaded, problem=f"printed a malformed answer ({exc})")
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     """The inputs several checks share, computed once. NVML's answer may still be coming when the checks start
     (`gather` asks it in the background): reading `nvml` or a GPU fact waits for it, bounded by the probe's
@@ -144,6 +199,17 @@ class NodeFacts:
     distributions: Mapping[str, str] = field(default_factory=dict)  # the stack venv's: normalized name -> version
     flashinfer: str = ""  # flashinfer-python's version in the stack venv, "" if absent
     manifest: Manifest | None = None
+    health_read: HealthFacts | Future[HealthFacts] | None = None  # None: no health check in the run (or not asked)
+
+    @property
+    def health(self) -> HealthFacts | None:
+        """What the node-health probe said (waiting for it if it still runs); None when it was not asked."""
+        read = self.health_read
+        if not isinstance(read, Future):
+            return read
+        while not wait([read], timeout=0.2).done:  # as `nvml`: a signal handler in the main thread must run
+            pass
+        return read.result()
 
     @property
     def nvml(self) -> NvmlFacts | None:
@@ -187,12 +253,17 @@ def local(manifest: Manifest | None = None, environ: Mapping[str, str] | None = 
     )
 
 
-def gather(base: NodeFacts, *, timeout: float, nvml: bool) -> NodeFacts:
-    """`base` (the local facts) with NVML asked when `nvml`: its probe starts now, in a child bounded by
-    min(timeout, NVML_TIMEOUT), read by a background thread, so checks that need no GPU fact start at once."""
-    if not nvml:
-        return base
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sm120check-nvml")
-    answer = pool.submit(read_nvml, timeout)
-    pool.shutdown(wait=False)
-    return replace(base, nvml_read=answer)
+def gather(base: NodeFacts, *, timeout: float, nvml: bool, health: HealthPlan | None = None) -> NodeFacts:
+    """`base` (the local facts) with NVML asked when `nvml` and the node-health probe run when `health` is given:
+    each probe starts now, in a child bounded by min(timeout, its own limit), read by a background thread, so
+    checks that need neither start at once and the two probes run beside each other and beside the checks."""
+    gathered = base
+    if nvml:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sm120check-nvml")
+        gathered = replace(gathered, nvml_read=pool.submit(read_nvml, timeout))
+        pool.shutdown(wait=False)
+    if health is not None:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sm120check-health")
+        gathered = replace(gathered, health_read=pool.submit(read_health, health, timeout))
+        pool.shutdown(wait=False)
+    return gathered

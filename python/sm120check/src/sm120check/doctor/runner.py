@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 
-from sm120check.doctor import child
+from sm120check.doctor import child, remedies
 from sm120check.doctor.model import Check, Context, DeclaredResults, Result, Status
 
 
@@ -64,7 +64,7 @@ def interrupted_result(check: Check, signame: str) -> Result:
         Status.SKIP,
         f"interrupted by {signame} before it finished",
         details="the doctor was stopped; the check's child processes were killed with their process groups",
-        remedy="run the doctor again and let it finish",
+        remedy=remedies.RERUN_DOCTOR,
         data={"interrupted": True},
         family=check.family,
         level=check.level,
@@ -218,7 +218,7 @@ def _blocked_by(check: Check, ctx: Context) -> Result | None:
                 check.id,
                 Status.SKIP,
                 f"needs {required}, which did not run",
-                remedy=f"run without `--skip {required}` (or add `--select {required}`)",
+                remedy=remedies.unskip(required),
             )
         if prior.status in (Status.FAIL, Status.SKIP):
             verb = "failed" if prior.status is Status.FAIL else "was skipped"
@@ -238,7 +238,7 @@ def _run_one(check: Check, ctx: Context) -> Result:
             Status.FAIL,
             f"the check itself raised {type(exc).__name__}: {exc}",
             details=tail.rstrip(),
-            remedy="report this traceback to the sm120kit maintainers (and `--skip` the check meanwhile)",
+            remedy=remedies.CHECK_RAISED,
         )
     if not isinstance(result, Result):
         return Result(check.id, Status.FAIL, f"the check returned {type(result).__name__}, not a Result")

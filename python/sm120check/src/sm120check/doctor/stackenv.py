@@ -27,7 +27,7 @@ def missing_venv(ctx: Context, check_id: str) -> Result | None:
         Status.FAIL,
         f"the stack venv {venv} (the manifest's `venv`) does not exist",
         details=f"manifest {ctx.manifest.path} names venv {venv}, which is not a directory",
-        remedy=f"{remedies.PYTHON_STACK} (sm120kit_venv), or fix `venv` in the manifest",
+        remedy=remedies.STACK_VENV_MISSING,
     )
 
 

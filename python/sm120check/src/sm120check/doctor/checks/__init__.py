@@ -1,8 +1,9 @@
 """The check catalogue: one module per part of the stack, each exposing `CHECKS`, a tuple of check classes.
 
 A check's `family` is the role that owns (and fixes) the part it checks: `cuda_toolkit`, `cuda_env`, `python_stack`,
-`preflight`, `sm120check`, `sglang_sm120`, `flashinfer_jit`, `nccl`; `comm` for the node's multi-GPU communication,
-which no one role owns. The runner orders checks by level, then by the order of `MODULES`, then by `CHECKS`.
+`preflight`, `sm120check`, `sglang_sm120`, `flashinfer_jit`, `nccl`; `comm` for the node's multi-GPU communication
+and `node_health` for its GPUs' hardware (PCIe, ECC, Xids, clocks), which no one role owns. The runner orders
+checks by level, then by the order of `MODULES`, then by `CHECKS`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from sm120check.doctor.checks import (
     driver,
     env,
     flashinfer_jit,
-    jit,
+    health,
     nvrtc,
+    nvrtc_launch,
     platform,
     sglang,
     sglang_comm,
@@ -27,13 +29,13 @@ from sm120check.doctor.checks import (
 from sm120check.doctor.model import Check
 
 # Report order. `sglang` (SGLang SM120 source scan), `comm` (level-3 communication) and `sglang_comm` (SGLang's
-# own level-3 code) are owned by their own modules; keep their entries when editing this list.
+# own level-3 code) and `health` (node health) are owned by their own modules; keep their entries when editing.
 MODULES: tuple[ModuleType, ...] = (
     platform,
     driver,
     toolkit,
     nvrtc,
-    jit,
+    nvrtc_launch,
     torch,
     abi,
     env,
@@ -42,6 +44,7 @@ MODULES: tuple[ModuleType, ...] = (
     flashinfer_jit,
     comm,
     sglang_comm,
+    health,
 )
 
 

@@ -72,7 +72,7 @@ def wheels_verdict(installed: Mapping[str, str], venv: str, layouts: Mapping[str
             f"CUDA 12 wheels in the CUDA 13 stack venv {venv}: {', '.join(bad)}",
             details="CUDA 12 and 13 wheels in one environment load libnvrtc.so.12 / libcudart.so.12 beside the CUDA 13 "
             "libraries: 'cannot open shared object file' or undefined symbols at import",
-            remedy=(f"{venv}/bin/pip uninstall -y {names}; then " if names else "") + remedies.PYTHON_STACK,
+            remedy=remedies.cuda12_wheels(venv, names),
             data=data,
         )
     with_torch = f", torch {torch}" if torch else ""
@@ -151,7 +151,7 @@ def libs_verdict(
             Status.FAIL,
             f"a torch process maps mixed CUDA libraries: {failures[0]}",
             details="\n".join(failures + warnings),
-            remedy=f"{remedies.PYTHON_STACK} and {remedies.CUDA_ENV}",
+            remedy=remedies.ABI_MIXED_LIBS,
             data=data,
         )
     if warnings:
@@ -160,7 +160,7 @@ def libs_verdict(
             Status.WARN,
             f"a torch process maps libraries other than the node's: {warnings[0]}",
             details="\n".join([*warnings, f"mapped: {shown}"]),
-            remedy=f"{remedies.CUDA_ENV} (ld.so.conf.d entry + ldconfig) and {remedies.NCCL}",
+            remedy=remedies.ABI_FOREIGN_LIBS,
             data=data,
         )
     return Result(

@@ -3,6 +3,8 @@
 On a PCIe box every EAGLE-3 verify step pays several small allreduces; FlashInfer allreduce fusion and torch
 symmetric memory are what make speculation pay. These checks say whether those paths work here, how fast
 they are against NCCL, and why not when they fail (P2P off, IOMMU/ACS, no multicast, an old FlashInfer).
+Each probe's answer is one type (doctor/payloads/topology.py, nccl.py, symm_mem.py, fusion.py), read strictly: a
+malformed answer is a `fail` naming the field.
 """
 
 from __future__ import annotations
@@ -12,11 +14,17 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from sm120check.comm import flashinfer_release, topology
+from sm120check.comm import flashinfer_release, topology_parse
 from sm120check.doctor import remedies, stackenv
 from sm120check.doctor.child import ChildOutcome, run_probe
+from sm120check.doctor.health import nccl_floor
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu
+from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.payloads.fusion import FusionAnswer
+from sm120check.doctor.payloads.nccl import NcclAnswer, size_label
+from sm120check.doctor.payloads.symm_mem import SymmMemAnswer
+from sm120check.doctor.payloads.topology import TopologyEvidence
 from sm120check.jitcache import layout
 from sm120check.jitcache import modules as jit_modules
 from sm120check.jitcache.ninja import dry_run, find_ninja
@@ -24,14 +32,14 @@ from sm120check.jitcache.ninja import dry_run, find_ninja
 FAMILY = "comm"
 PROBES = "sm120check.doctor.probes"
 SIZES_NOTE = "x 7168 bf16"
-P2P_REMEDY = (
-    "PCIe P2P is blocked: confirm by rerunning with NCCL_P2P_DISABLE=1 (slower, but it completes); fix by booting "
-    "with iommu=pt (GRUB_CMDLINE_LINUX, or turn the IOMMU/VT-d off in firmware) and disabling ACS on the PCIe "
-    "switch ports (firmware setting, or `setpci -s <port> ECAP_ACS+6.w=0000`), then reboot"
-)
+P2P_REMEDY = remedies.COMM_P2P
 JIT_TIMEOUT_ENV = "SM120CHECK_JIT_TIMEOUT"
 DEFAULT_JIT_TIMEOUT = 900.0  # about twice the cold build of both modules (jitcache.cost: 300-460 s)
 FUSION_TOLERANCE = 2e-2  # bf16 outputs against an fp32 reference
+# Bus bandwidth floor at 64 MiB where the GPUs talk over PCIe: NVSentinel's (NVIDIA/NVSentinel
+# docs/configuration/preflight.md, preflight-nccl-loopback: BW_THRESHOLD_GBPS 150, "set to approx 15 GB/s for PCIe");
+# below it the link is narrow or slow, or P2P is off. NVLink/NVSwitch nodes get no floor here.
+PCIE_BUSBW_FLOOR_GBPS = 15.0
 
 
 def _skip(check_id: str, summary: str, remedy: str = "") -> Result:
@@ -42,12 +50,24 @@ def _result(check_id: str, status: Status, summary: str, **kw: Any) -> Result:
     return Result(check_id, status, summary, family=FAMILY, level=3, **kw)
 
 
-def with_evidence(result: Result, data: Mapping[str, Any]) -> Result:
-    """A failed multi-GPU result carries each failing rank's phase and log tail (Python stacks on a hang)."""
-    evidence = str(data.get("evidence") or "").strip()
-    if result.status is not Status.FAIL or not evidence:
+def with_evidence(result: Result, evidence: str | Mapping[str, object]) -> Result:
+    """A failed multi-GPU result carries each failing rank's phase and log tail (Python stacks on a hang).
+    `evidence` is the answer's evidence text (a mapping with an "evidence" entry: sglang_comm's call)."""
+    if not isinstance(evidence, str):
+        evidence = str(evidence["evidence"]) if "evidence" in evidence else ""
+    if result.status is not Status.FAIL or not evidence.strip():
         return result
-    return dataclasses.replace(result, details=f"{result.details}\n{evidence}".strip())
+    return dataclasses.replace(result, details=f"{result.details}\n{evidence.strip()}".strip())
+
+
+def malformed(check_id: str, probe: str, exc: PayloadError) -> Result:
+    """A probe answer that does not fit its type: a fail naming the field, never a crash or a silent pass."""
+    return _result(
+        check_id,
+        Status.FAIL,
+        f"the {probe} probe printed a malformed answer: {exc}",
+        remedy=remedies.comm_malformed(probe),
+    )
 
 
 def selected_gpus(ctx: Context, check_id: str, need_torch: bool) -> list[Gpu] | Result:
@@ -55,7 +75,7 @@ def selected_gpus(ctx: Context, check_id: str, need_torch: bool) -> list[Gpu] | 
     for required in ("driver", "torch") if need_torch else ("driver",):
         prior = ctx.results.get(required)
         if prior is None:
-            return _skip(check_id, f"prerequisite `{required}` did not run", f"add `--select {required}`")
+            return _skip(check_id, f"prerequisite `{required}` did not run", remedies.comm_select(required))
         if prior.status in (Status.FAIL, Status.SKIP):
             return _skip(check_id, f"prerequisite `{required}` {prior.status.value}ed: {prior.summary}", prior.remedy)
     rows = list(ctx.facts.gpus or ())  # `driver` passed or warned: NVML listed them
@@ -63,15 +83,13 @@ def selected_gpus(ctx: Context, check_id: str, need_torch: bool) -> list[Gpu] | 
         known = {g.index for g in rows}
         unknown = [i for i in ctx.gpus if i not in known]
         if unknown:
-            return _skip(check_id, f"--gpus names {unknown}, the driver sees {sorted(known)}", "pass indices it lists")
+            return _skip(
+                check_id, f"--gpus names {unknown}, the driver sees {sorted(known)}", remedies.COMM_GPU_INDICES
+            )
         rows = [g for g in rows if g.index in ctx.gpus]
     if len(rows) < 2:
-        return _skip(check_id, f"needs at least 2 GPUs, {len(rows)} selected", "run on a multi-GPU node")
+        return _skip(check_id, f"needs at least 2 GPUs, {len(rows)} selected", remedies.COMM_TWO_GPUS)
     return rows
-
-
-def _as_list(value: object) -> list[Mapping[str, Any]]:
-    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list | tuple) else []
 
 
 def capability(gpu: Gpu) -> str:
@@ -113,119 +131,114 @@ class Topology:
             return gpus
         outcome = run_probe(f"{PROBES}.topology", ["--gpus", _gpu_arg(gpus)], timeout=min(ctx.timeout, 60.0))
         if not outcome.ok:
-            return _child_failure(self.id, "topology probe", outcome, "check `nvidia-smi topo -m` by hand")
-        return judge_topology(outcome.data, gpus)
+            return _child_failure(self.id, "topology probe", outcome, remedies.COMM_TOPOLOGY_PROBE)
+        try:
+            evidence = TopologyEvidence.from_json(outcome.data)
+        except PayloadError as exc:
+            return malformed(self.id, "topology", exc)
+        return judge_topology(evidence, gpus)
 
 
-def judge_topology(evidence: Mapping[str, Any], gpus: Sequence[Gpu]) -> Result:
+@dataclasses.dataclass(frozen=True)
+class _Pair:
+    pair: tuple[int, int]
+    link: str  # `topo -m` code, "" when unknown
+    kind: str  # "nvlink", "pcie", "unknown"
+    p2p: str  # "OK", "GNS", ... ("U": unknown)
+
+    def to_json(self) -> dict[str, object]:
+        return {"pair": list(self.pair), "link": self.link, "kind": self.kind, "p2p": self.p2p}
+
+
+def judge_topology(evidence: TopologyEvidence, gpus: Sequence[Gpu]) -> Result:
     """Turn the topology probe's raw evidence into a verdict (pure; tested with recorded outputs)."""
     indices = [g.index for g in gpus]
     names = {g.index: g.name for g in gpus}
-    warnings: list[tuple[str, str]] = []
+    warnings: list[str] = []  # the first is the summary
     details: list[str] = []
     matrix = None
-    topo_m = evidence.get("topo_m") or {}
-    if topo_m.get("ok"):
+    if evidence.topo_m.ok:
         try:
-            matrix = topology.parse_topo_matrix(str(topo_m["text"]))
+            matrix = topology_parse.parse_topo_matrix(evidence.topo_m.text)
         except ValueError as exc:
             details.append(f"nvidia-smi topo -m unreadable: {exc}")
     else:
-        details.append(f"nvidia-smi topo -m: {topo_m.get('error', 'not run')}")
+        details.append(f"nvidia-smi topo -m: {evidence.topo_m.error}")
     p2p: dict[tuple[int, int], str] = {}
-    for entry in _as_list((evidence.get("nvml") or {}).get("pairs")):
-        a, b = (int(x) for x in entry["pair"])
-        read, write = str(entry.get("read", "U")), str(entry.get("write", "U"))
-        p2p[(a, b)] = read if read != "OK" else write
-    p2p_text = evidence.get("topo_p2p_r") or {}
-    if not p2p and p2p_text.get("ok"):
+    for entry in evidence.nvml.pairs:
+        p2p[entry.pair] = entry.read if entry.read != "OK" else entry.write
+    if not p2p and evidence.topo_p2p_r.ok:
         try:
             p2p = {
                 pair: code
-                for pair, code in topology.parse_p2p_matrix(str(p2p_text["text"])).items()
+                for pair, code in topology_parse.parse_p2p_matrix(evidence.topo_p2p_r.text).items()
                 if pair[0] < pair[1]
             }
         except ValueError as exc:
             details.append(f"nvidia-smi topo -p2p r unreadable: {exc}")
-    pairs: list[dict[str, Any]] = []
+    pairs: list[_Pair] = []
     for a in indices:
         for b in indices:
             if a >= b:
                 continue
             link = matrix.links.get((a, b)) if matrix else None
-            pairs.append(
-                {
-                    "pair": [a, b],
-                    "link": link.code if link else "",
-                    "kind": link.kind if link else "unknown",
-                    "p2p": p2p.get((a, b), "U"),
-                }
-            )
+            code = p2p.get((a, b), "U")
+            pairs.append(_Pair((a, b), link.code if link else "", link.kind if link else "unknown", code))
             details.append(
                 f"GPU{a}-GPU{b}: {link.meaning if link else 'link unknown'}, P2P "
-                f"{topology.P2P_MEANING.get(p2p.get((a, b), 'U'), p2p.get((a, b), 'U'))}"
+                f"{topology_parse.P2P_MEANING.get(code, code)}"
             )
-    pcie_pairs = [p for p in pairs if p["kind"] != "nvlink"]
-    no_p2p = [p for p in pairs if p["p2p"] != "OK"]
-    geforce = sorted({names[i] for p in no_p2p for i in p["pair"] if topology.driver_disables_p2p(names[i])})
+    pcie_pairs = [p for p in pairs if p.kind != "nvlink"]
+    no_p2p = [p for p in pairs if p.p2p != "OK"]
+    geforce = sorted({names[i] for p in no_p2p for i in p.pair if topology_parse.driver_disables_p2p(names[i])})
     if geforce:
         warnings.append(
-            (
-                f"P2P disabled by the driver on {', '.join(geforce)}: NCCL falls back to host memory, symmetric "
-                "memory and FlashInfer allreduce fusion cannot run",
-                "use RTX PRO / data-center GPUs for P2P; on GeForce keep NCCL's default (shared memory) transport",
-            )
+            f"P2P disabled by the driver on {', '.join(geforce)}: NCCL falls back to host memory, symmetric "
+            "memory and FlashInfer allreduce fusion cannot run"
         )
     elif no_p2p:
-        codes = ", ".join(f"GPU{p['pair'][0]}-GPU{p['pair'][1]} {p['p2p']}" for p in no_p2p)
-        warnings.append((f"P2P not available between {codes}", P2P_REMEDY))
-    iommu = topology.iommu_mode(
-        str(evidence.get("cmdline", "")), list((evidence.get("iommu_group_types") or {}).values())
-    )
+        codes = ", ".join(f"GPU{p.pair[0]}-GPU{p.pair[1]} {p.p2p}" for p in no_p2p)
+        warnings.append(f"P2P not available between {codes}")
+    iommu = topology_parse.iommu_mode(evidence.cmdline, list(evidence.iommu_group_types.values()))
     details.append(f"IOMMU: {iommu.mode} ({iommu.evidence})")
     if iommu.blocks_p2p and pcie_pairs:
-        warnings.append((f"IOMMU translates DMA ({iommu.evidence}): PCIe P2P can hang NCCL", P2P_REMEDY))
-    acs = evidence.get("acs") or {}
-    redirecting = [p for p in _as_list(acs.get("ports")) if p.get("redirect")]
-    if not acs.get("ok"):
-        details.append(f"ACS: lspci unavailable ({acs.get('error', '')})")
-    elif not acs.get("readable"):
+        warnings.append(f"IOMMU translates DMA ({iommu.evidence}): PCIe P2P can hang NCCL")
+    acs = evidence.acs
+    redirecting = [p for p in acs.ports if p.redirect]
+    if not acs.ok:
+        details.append(f"ACS: lspci unavailable ({acs.error})")
+    elif not acs.readable:
         details.append("ACS: lspci could not read capabilities (run the doctor as root to see ACS)")
     else:
         details.append(f"ACS: {len(redirecting)} port(s) redirect peer requests")
-    switched = [p for p in pcie_pairs if p["link"] in ("PIX", "PXB")]
+    switched = [p for p in pcie_pairs if p.link in ("PIX", "PXB")]
     if redirecting and switched:
-        ports = ", ".join(str(p["address"]) for p in redirecting[:6])
-        warnings.append(
-            (
-                f"ACS redirects peer traffic on {ports}: P2P through the PCIe switch goes via the root complex",
-                P2P_REMEDY,
-            )
-        )
+        ports = ", ".join(p.address for p in redirecting[:6])
+        warnings.append(f"ACS redirects peer traffic on {ports}: P2P through the PCIe switch goes via the root complex")
     numa = dict(matrix.numa_affinity) if matrix else {}
     numa_nodes = sorted({numa.get(i, "") for i in indices} - {""})
     if len(numa_nodes) > 1:
         details.append(f"GPUs span NUMA nodes {', '.join(numa_nodes)}: P2P across sockets needs NCCL_P2P_LEVEL=SYS")
-    kinds = sorted({p["kind"] for p in pairs})
+    kinds = sorted({p.kind for p in pairs})
     summary_links = "NVLink" if kinds == ["nvlink"] else ("PCIe" if kinds == ["pcie"] else "/".join(kinds))
     data = {
-        "pairs": pairs,
+        "pairs": [p.to_json() for p in pairs],
         "numa": {str(i): numa.get(i, "") for i in indices},
         "iommu": iommu.mode,
-        "acs_redirect_ports": [p["address"] for p in redirecting],
-        "topo_m": str(topo_m.get("text", "")),
-        "topo_p2p_r": str(p2p_text.get("text", "")),
+        "acs_redirect_ports": [p.address for p in redirecting],
+        "topo_m": evidence.topo_m.text,
+        "topo_p2p_r": evidence.topo_p2p_r.text,
     }
     if warnings:
         return _result(
             "topology",
             Status.WARN,
-            warnings[0][0],
-            details="\n".join([w for w, _ in warnings[1:]] + details),
-            remedy=warnings[0][1],
+            warnings[0],
+            details="\n".join(warnings[1:] + details),
+            remedy=remedies.COMM_GEFORCE if geforce else P2P_REMEDY,  # GeForce comes first; the others are P2P's
             data=data,
         )
-    ok_pairs = sum(1 for p in pairs if p["p2p"] == "OK")
+    ok_pairs = sum(1 for p in pairs if p.p2p == "OK")
     return _result(
         "topology",
         Status.PASS,
@@ -236,8 +249,9 @@ def judge_topology(evidence: Mapping[str, Any], gpus: Sequence[Gpu]) -> Result:
 
 
 class NcclAllreduce:
-    """NCCL allreduce on the selected GPUs: exact result against a reference, latency at EAGLE-3 verify sizes
-    (1, 3 and 8 tokens x 7168, bf16) and bus bandwidth at 64 MiB. A hang is a fail with the P2P/ACS remedy."""
+    """NCCL allreduce on the selected GPUs: exact results at the verify size and at 512 KiB, 1 MiB, 4 MiB and
+    64 MiB (NVIDIA/nccl#2418), latency at EAGLE-3 verify sizes (1, 3 and 8 tokens x 7168, bf16) and bus bandwidth at
+    64 MiB, with a floor over PCIe. A hang is a fail with the P2P/ACS remedy."""
 
     id: ClassVar[str] = "nccl_allreduce"
     family: ClassVar[str] = FAMILY
@@ -251,15 +265,19 @@ class NcclAllreduce:
             return gpus
         args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
         outcome = run_probe(f"{PROBES}.nccl", args, timeout=ctx.timeout, **_stack(ctx))
-        if outcome.ok and not outcome.data.get("timed_out"):
-            return with_evidence(judge_nccl(outcome.data, len(gpus)), outcome.data)
-        hang = outcome.timed_out or bool(outcome.data.get("timed_out"))
-        if not hang:
-            problem = outcome.data.get("problem") or outcome.problem
+        answer = None
+        if outcome.ok:
+            try:
+                answer = NcclAnswer.from_json(outcome.data)
+            except PayloadError as exc:
+                return malformed(self.id, "nccl", exc)
+            if not answer.launch.timed_out:
+                return with_evidence(judge_nccl(answer, len(gpus)), answer.launch.evidence)
+        if answer is None and not outcome.timed_out:
             return _result(
                 self.id,
                 Status.FAIL,
-                f"NCCL allreduce failed: {problem}",
+                f"NCCL allreduce failed: {outcome.problem}",
                 details=outcome.stderr_tail[-2000:],
                 remedy=remedies.NCCL,
                 data=dict(outcome.data),
@@ -271,8 +289,14 @@ class NcclAllreduce:
             python=_stack(ctx)["python"],
             env={"NCCL_P2P_DISABLE": "1", **stackenv.probe_env()},
         )
-        works_without_p2p = retry.ok and bool(retry.data.get("ok")) and bool(retry.data.get("correct"))
-        where = outcome.data.get("problem") or outcome.problem
+        works_without_p2p = False
+        if retry.ok:
+            try:
+                again = NcclAnswer.from_json(retry.data)
+                works_without_p2p = again.launch.ok and bool(again.correct)
+            except PayloadError:
+                works_without_p2p = False  # an unreadable retry proves nothing
+        where = answer.launch.problem if answer is not None else outcome.problem
         summary = (
             "NCCL allreduce hangs with P2P and completes with NCCL_P2P_DISABLE=1: PCIe P2P is blocked (IOMMU/ACS)"
             if works_without_p2p
@@ -282,44 +306,84 @@ class NcclAllreduce:
             self.id,
             Status.FAIL,
             summary,
-            details=str(where),
+            details=where,
             remedy=P2P_REMEDY,
             data={"hang": True, "works_without_p2p": works_without_p2p},
         )
 
 
-def judge_nccl(data: Mapping[str, Any], world_size: int) -> Result:
-    if not data.get("ok"):
+def _release_note(version: str) -> str:
+    """What sm120kit's NCCL table says of this release (known bad, under the floor, unconfirmed)."""
+    if not version:
+        return ""
+    verdict = nccl_floor.judge_nccl(version)
+    return f"{verdict.summary}: {verdict.details}" if verdict.details else verdict.summary
+
+
+def judge_nccl(answer: NcclAnswer, world_size: int) -> Result:
+    check_id = "nccl_allreduce"
+    version = answer.nccl
+    sizes = [s.to_json() for s in answer.sizes]
+    if not answer.launch.ok:
+        failed = sorted({r.failed_bytes for r in answer.ranks if r.failed_bytes is not None})
+        if failed:  # an allreduce raised (an illegal memory access) at a message size: NVIDIA/nccl#2418
+            return _result(
+                check_id,
+                Status.FAIL,
+                f"NCCL {version} allreduce failed at {size_label(failed[0])}: {answer.launch.problem}",
+                details=_release_note(version),
+                remedy=remedies.nccl_upgrade(version),
+                data=answer.to_json(),
+            )
         return _result(
-            "nccl_allreduce",
+            check_id,
             Status.FAIL,
-            f"NCCL allreduce failed: {data.get('problem')}",
+            f"NCCL allreduce failed: {answer.launch.problem}",
             remedy=remedies.NCCL,
-            data=dict(data),
+            data=answer.to_json(),
         )
-    ranks = _as_list(data.get("ranks"))
-    version = str(ranks[0].get("nccl", "")) if ranks else ""
-    if not data.get("correct"):
-        wrong = sum(int(r.get("mismatches", 0)) for r in ranks)
+    if not answer.correct:
+        wrong = [s for s in answer.sizes if not s.correct]
+        total = sum(s.mismatches for s in wrong) or sum(r.mismatches or 0 for r in answer.ranks)
+        at = ", ".join(size_label(s.bytes) for s in wrong) or "the verify size"
         return _result(
-            "nccl_allreduce",
+            check_id,
             Status.FAIL,
-            f"NCCL {version} allreduce returned {wrong} wrong element(s)",
-            remedy=remedies.NCCL,
-            data=dict(data),
+            f"NCCL {version} allreduce returned {total} wrong element(s) at {at}",
+            details=_release_note(version),
+            remedy=remedies.nccl_upgrade(version),
+            data=answer.to_json(),
         )
-    latency = dict(data.get("latency_us") or {})
-    busbw = float(data.get("busbw_gbps", 0.0))
+    latency = dict(answer.latency_us)
+    busbw = answer.busbw_gbps if answer.busbw_gbps is not None else 0.0
+    data: dict[str, object] = {
+        "nccl": version,
+        "latency_us": latency,
+        "busbw_gbps": busbw,
+        "world_size": world_size,
+        "sizes": sizes,
+        "links": [link.to_json() for link in answer.links],
+    }
+    exact = ", ".join(size_label(s.bytes) for s in answer.sizes)
+    details = [f"exact at {exact} (NVIDIA/nccl#2418: 2.26.2 faults at 512 KiB and more)"]
+    if answer.links_error:
+        details.append(f"link between the GPUs unknown ({answer.links_error}): no bus-bandwidth floor applied")
+    if answer.over_pcie and answer.busbw_gbps is not None and busbw < PCIE_BUSBW_FLOOR_GBPS:
+        return _result(
+            check_id,
+            Status.WARN,
+            f"NCCL {version} allreduce correct on {world_size} GPUs, but busbw {busbw:.1f} GB/s at 64 MiB over PCIe "
+            f"is below the {PCIE_BUSBW_FLOOR_GBPS:.0f} GB/s floor; {_sizes(latency)} {SIZES_NOTE}: "
+            f"{_fmt_us(latency)} us",
+            details="\n".join(details),
+            remedy=remedies.COMM_PCIE_BUSBW,
+            data=data | {"busbw_floor_gbps": PCIE_BUSBW_FLOOR_GBPS},
+        )
     summary = (
         f"NCCL {version} allreduce correct on {world_size} GPUs; {_sizes(latency)} {SIZES_NOTE}: "
         f"{_fmt_us(latency)} us; busbw {busbw:.0f} GB/s at 64 MiB"
     )
-    return _result(
-        "nccl_allreduce",
-        Status.PASS,
-        summary,
-        data={"nccl": version, "latency_us": latency, "busbw_gbps": busbw, "world_size": world_size},
-    )
+    return _result(check_id, Status.PASS, summary, details="\n".join(details), data=data)
 
 
 class SymmMem:
@@ -340,15 +404,19 @@ class SymmMem:
         outcome = run_probe(f"{PROBES}.symm_mem", args, timeout=ctx.timeout, **_stack(ctx))
         if not outcome.ok:
             return _child_failure(self.id, "symmetric-memory probe", outcome, P2P_REMEDY)
-        return with_evidence(judge_symm_mem(outcome.data), outcome.data)
+        try:
+            answer = SymmMemAnswer.from_json(outcome.data)
+        except PayloadError as exc:
+            return malformed(self.id, "symm_mem", exc)
+        return with_evidence(judge_symm_mem(answer), answer.launch.evidence)
 
 
-def judge_symm_mem(data: Mapping[str, Any]) -> Result:
+def judge_symm_mem(answer: SymmMemAnswer) -> Result:
     check_id = "symm_mem"
-    if data.get("timed_out"):
-        return _result(check_id, Status.FAIL, f"symmetric memory hung: {data.get('problem')}", remedy=P2P_REMEDY)
-    if not data.get("ok"):
-        problem = str(data.get("problem", ""))
+    problem = answer.launch.problem
+    if answer.launch.timed_out:
+        return _result(check_id, Status.FAIL, f"symmetric memory hung: {problem}", remedy=P2P_REMEDY)
+    if not answer.launch.ok:
         if "invalid device ordinal" in problem:
             return _result(
                 check_id,
@@ -356,28 +424,22 @@ def judge_symm_mem(data: Mapping[str, Any]) -> Result:
                 "symmetric memory cannot map peer GPU memory (no P2P): " + problem,
                 remedy=P2P_REMEDY,
             )
-        return _result(
-            check_id,
-            Status.FAIL,
-            f"symmetric memory failed: {problem}",
-            remedy="needs torch >= 2.6 with CUDA P2P between the GPUs; " + P2P_REMEDY,
-        )
-    correct = dict(data.get("correct") or {})
-    wrong = sorted(op for op, ok in correct.items() if not ok)
+        return _result(check_id, Status.FAIL, f"symmetric memory failed: {problem}", remedy=remedies.COMM_SYMM_MEM)
+    wrong = sorted(op for op, ok in answer.correct.items() if not ok)
     if wrong:
         return _result(
             check_id,
             Status.FAIL,
             f"symmetric-memory allreduce wrong for {', '.join(wrong)}",
-            remedy="report to PyTorch with this output; serve with NCCL meanwhile",
-            data=dict(data),
+            remedy=remedies.COMM_SYMM_MEM_WRONG,
+            data=answer.to_json(),
         )
-    latency = {op: dict(v) for op, v in dict(data.get("latency_us") or {}).items()}
-    ptrs = [int(p) for p in data.get("multicast_ptr") or []]
+    latency = {op: dict(v) for op, v in answer.latency_us.items()}
+    ptrs = list(answer.multicast_ptr)
     multicast = any(ptrs)
     if "multimem" in latency:
         multimem = "multimem ran"
-    elif not data.get("multimem_allowed"):
+    elif not answer.multimem_allowed:
         multimem = "multimem not run: multicast disabled (TORCH_SYMM_MEM_DISABLE_MULTICAST / NCCL_NVLS_ENABLE=0)"
     else:
         multimem = "multimem not run: no multicast on this node"
@@ -411,10 +473,10 @@ class AllreduceFusion:
             return gpus
         version = flashinfer_version(ctx)
         if not version:
-            return _skip(self.id, "FlashInfer is not installed", f"{remedies.PYTHON_STACK} installs flashinfer-python")
+            return _skip(self.id, "FlashInfer is not installed", remedies.COMM_NO_FLASHINFER)
         pin = ctx.manifest.python_packages.get("flashinfer-python") if ctx.manifest else None
         caps = [capability(g) for g in gpus]
-        gate = flashinfer_release.fusion_gate(version, caps, multicast=False, pin=pin)
+        gate = flashinfer_release.fusion_support(version, caps, multicast=False, pin=pin)
         if not gate.ok and not flashinfer_release.requires_multicast(flashinfer_release.parse_version(version)):
             return _result(
                 self.id,
@@ -429,13 +491,12 @@ class AllreduceFusion:
         args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, timeout - 5))]
         outcome = run_probe(f"{PROBES}.fusion", args, timeout=timeout, **_stack(ctx))
         if not outcome.ok:
-            return _child_failure(
-                self.id,
-                "allreduce-fusion probe",
-                outcome,
-                f"warm FlashInfer's JIT cache first: {remedies.FLASHINFER_JIT}",
-            )
-        return with_evidence(judge_fusion(outcome.data, gate, timeout), outcome.data)
+            return _child_failure(self.id, "allreduce-fusion probe", outcome, remedies.COMM_FUSION_PROBE)
+        try:
+            answer = FusionAnswer.from_json(outcome.data)
+        except PayloadError as exc:
+            return malformed(self.id, "fusion", exc)
+        return with_evidence(judge_fusion(answer, gate, timeout), answer.launch.evidence)
 
 
 def _stack(ctx: Context) -> dict[str, Any]:
@@ -481,66 +542,63 @@ def predicted_cached(version: str, capabilities: Sequence[str], env: Mapping[str
     return True
 
 
-def judge_fusion(data: Mapping[str, Any], gate: flashinfer_release.FusionGate, timeout: float) -> Result:
+def judge_fusion(answer: FusionAnswer, gate: flashinfer_release.FusionSupport, timeout: float) -> Result:
     check_id = "allreduce_fusion"
-    jit = dict(data.get("jit") or {})
-    modules = _as_list(jit.get("modules"))
-    env = dict(jit.get("environment") or {})
-    cold = [m for m in modules if not m.get("cached_before")]
+    jit = answer.jit
+    modules = jit.modules if jit is not None else ()
+    env = jit.environment if jit is not None else None
+    cold = [m for m in modules if not m.cached_before]
     jit_note = (
-        "JIT compiled cold: " + ", ".join(f"{m['name']} {float(m['seconds']):.0f} s" for m in cold)
+        "JIT compiled cold: " + ", ".join(f"{m.name} {m.seconds:.0f} s" for m in cold)
         if cold
         else "JIT modules loaded from cache"
         if modules
         else "JIT state unknown"
     )
-    targets = " ".join(env.get("targets", [])) or "?"
-    target = f"JIT targets {targets} (FLASHINFER_CUDA_ARCH_LIST={env.get('arch_list_env') or 'unset'})"
-    base = {"jit": jit, "cold_build": bool(cold)}
-    problem = str(data.get("problem", ""))
+    targets = list(env.targets) if env is not None else []
+    arch_list = env.arch_list_env if env is not None else ""
+    target = f"JIT targets {' '.join(targets) or '?'} (FLASHINFER_CUDA_ARCH_LIST={arch_list or 'unset'})"
+    base: dict[str, object] = {"jit": jit.to_json() if jit is not None else {}, "cold_build": bool(cold)}
+    problem = answer.launch.problem
     if flashinfer_release.ARCH_GATE_ERROR in problem:
         return _result(
             check_id,
             Status.FAIL,
             f"FlashInfer refused the GPUs' architecture: {problem}",
-            remedy=gate.remedy or "set FLASHINFER_CUDA_ARCH_LIST to the GPUs' targets (e.g. 12.0f)",
+            remedy=gate.remedy or remedies.COMM_FUSION_ARCH,
             data=base,
         )
-    if data.get("timed_out"):
+    if answer.launch.timed_out:
         in_build = "jit build" in problem
         summary = (
             f"FlashInfer JIT build did not finish within {timeout:.0f} s"
             if in_build
             else f"allreduce fusion hung: {problem}"
         )
-        remedy = (
-            f"warm FlashInfer's JIT cache: {remedies.FLASHINFER_JIT}; or raise {JIT_TIMEOUT_ENV}"
-            if in_build
-            else P2P_REMEDY
-        )
+        remedy = remedies.COMM_FUSION_JIT_TIMEOUT if in_build else P2P_REMEDY
         return _result(check_id, Status.FAIL, summary, details=target, remedy=remedy, data=base)
-    if not data.get("ok"):
+    if not answer.launch.ok:
         return _result(
             check_id,
             Status.FAIL,
             f"allreduce fusion failed: {problem}",
             details=f"{jit_note}; {target}",
-            remedy=gate.remedy or "see the details; serve without allreduce fusion meanwhile",
+            remedy=gate.remedy or remedies.COMM_FUSION_FAILED,
             data=base,
         )
-    errors = {k: float(v) for k, v in dict(data.get("max_rel_err") or {}).items()}
-    latency = {k: dict(v) for k, v in dict(data.get("latency_us") or {}).items()}
-    backend = f"backend {data.get('backend')} ({data.get('workspace')})"
+    errors = dict(answer.max_rel_err)
+    fused, unfused = dict(answer.fused_us), dict(answer.unfused_us)
+    backend = f"backend {answer.backend} ({answer.workspace})"
     bad = {k: v for k, v in errors.items() if v > FUSION_TOLERANCE}
-    full = dict(
-        base,
-        backend=data.get("backend"),
-        workspace=data.get("workspace"),
-        latency_us=latency,
-        max_rel_err=errors,
-        pcie_ipc=data.get("pcie_ipc"),
-        targets=env.get("targets", []),
-    )
+    pcie = answer.pcie_ipc
+    full = base | {
+        "backend": answer.backend,
+        "workspace": answer.workspace,
+        "latency_us": {"fused": fused, "unfused": unfused},
+        "max_rel_err": errors,
+        "pcie_ipc": pcie.to_json() if pcie is not None else None,
+        "targets": targets,
+    }
     if bad:
         worst = max(bad, key=lambda k: bad[k])
         return _result(
@@ -548,23 +606,20 @@ def judge_fusion(data: Mapping[str, Any], gate: flashinfer_release.FusionGate, t
             Status.FAIL,
             f"allreduce fusion differs from the torch reference (rel. error {bad[worst]:.3g} at {worst} tokens)",
             details=f"{backend}; {target}",
-            remedy="report to FlashInfer with this output; serve unfused",
+            remedy=remedies.COMM_FUSION_WRONG,
             data=full,
         )
-    fused, unfused = latency.get("fused", {}), latency.get("unfused", {})
     summary = (
-        f"FlashInfer {data.get('flashinfer')} fusion correct, {backend}; {_sizes(fused)} {SIZES_NOTE}: fused "
+        f"FlashInfer {answer.flashinfer} fusion correct, {backend}; {_sizes(fused)} {SIZES_NOTE}: fused "
         f"{_fmt_us(fused)} us vs unfused {_fmt_us(unfused)} us"
     )
-    pcie = data.get("pcie_ipc")
     details = [jit_note, target]
-    if isinstance(pcie, Mapping) and pcie.get("error"):
-        details.append(f"PcieIpcAllReduceWorkspace failed: {pcie['error']}")
-    elif isinstance(pcie, Mapping):
-        pcie_latency = dict(pcie.get("latency_us") or {})
+    if pcie is not None and pcie.error is not None:
+        details.append(f"PcieIpcAllReduceWorkspace failed: {pcie.error}")
+    elif pcie is not None:
         details.append(
-            f"PcieIpcAllReduceWorkspace ({pcie.get('profile')}): {'correct' if pcie.get('correct') else 'WRONG'}, "
-            f"{_fmt_us(pcie_latency) if pcie_latency else '-'} us"
+            f"PcieIpcAllReduceWorkspace ({pcie.profile}): {'correct' if pcie.correct else 'WRONG'}, "
+            f"{_fmt_us(pcie.latency_us) if pcie.latency_us else '-'} us"
         )
     if cold:
         return _result(
@@ -572,8 +627,7 @@ def judge_fusion(data: Mapping[str, Any], gate: flashinfer_release.FusionGate, t
             Status.WARN,
             summary + f"; {jit_note}",
             details="\n".join(details),
-            remedy=f"warm FlashInfer's JIT cache at provisioning, so servers start without compiling: "
-            f"{remedies.FLASHINFER_JIT}",
+            remedy=remedies.COMM_FUSION_COLD,
             data=full,
         )
     return _result(check_id, Status.PASS, summary, details="\n".join(details), data=full)

@@ -66,8 +66,7 @@ def driver_verdict(
             Status.FAIL,
             f"the kernel module {proc_driver_version(proc_text)} is loaded but NVML fails",
             details=f"{nvml_error}\n{proc_text.strip().splitlines()[0]}",
-            remedy="a driver/library version mismatch: reboot after a driver upgrade, or in a container start it with "
-            "the NVIDIA container toolkit (--gpus / --device nvidia.com/gpu=all) so libnvidia-ml.so.1 is injected",
+            remedy=remedies.DRIVER_LIBRARY_MISMATCH,
         )
     gpus = gpu_rows(info)
     data: dict[str, object] = {
@@ -98,7 +97,7 @@ def driver_verdict(
             Status.WARN,
             f"driver {info.driver} is loaded but shows no GPUs",
             details=details,
-            remedy="check `nvidia-smi`; in a container pass the GPUs (--gpus all)",
+            remedy=remedies.DRIVER_NO_GPU,
             data=data,
         )
     blackwell = [g for g in info.gpus if g.cc[0] >= 10]
@@ -108,7 +107,7 @@ def driver_verdict(
             Status.WARN,
             f"proprietary kernel module with Blackwell GPUs: {summary}",
             details=details,
-            remedy="Blackwell GPUs need the open kernel modules: " + remedies.DRIVER,
+            remedy=remedies.DRIVER_OPEN_MODULES,
             data=data,
         )
     return Result("driver", Status.PASS, summary, details=details, data=data)
@@ -130,9 +129,7 @@ def nvml_probe_verdict(problem: str, step: str, stderr_tail: str, proc_text: str
         Status.FAIL,
         f"NVML {hung}{during}: the probe {problem}",
         details="\n".join(evidence),
-        remedy="a pynvml on the path or a libnvidia-ml.so.1 that hangs or crashes on load: find it from the step "
-        "above (`python -c 'import pynvml; print(pynvml.__file__)'`, `ldconfig -p | grep nvidia-ml`), remove or "
-        "reinstall it; a GPU off the bus (`dmesg | grep -i xid`) needs a reset or a reboot",
+        remedy=remedies.NVML_HANG,
     )
 
 
@@ -178,7 +175,7 @@ def nodes_verdict(present: Sequence[str]) -> Result:
             "gpu_nodes",
             Status.FAIL,
             f"/dev lacks {', '.join('/dev/' + m for m in missing)}: CUDA cannot open the GPUs",
-            remedy="load the driver (`nvidia-modprobe`), or in a container pass the devices (--gpus all)",
+            remedy=remedies.DEVICE_NODES,
             data=data,
         )
     if "nvidia-uvm" not in names:
@@ -188,7 +185,7 @@ def nodes_verdict(present: Sequence[str]) -> Result:
             "/dev/nvidia-uvm is missing: CUDA initialisation will fail unless it is created",
             details="on a host the first CUDA call creates it through the setuid nvidia-modprobe; in a container "
             "it must be passed in",
-            remedy="`nvidia-modprobe -u -c=0` on the host; in a container add --device /dev/nvidia-uvm",
+            remedy=remedies.UVM_NODE,
             data=data,
         )
     return Result("gpu_nodes", Status.PASS, f"/dev/nvidiactl, /dev/nvidia-uvm and {len(gpus)} GPU node(s)", data=data)
@@ -219,7 +216,7 @@ def persistence_verdict(gpus: Sequence[nvml_api.Gpu]) -> Result:
             f"persistence mode is off on GPU {', '.join(off)}",
             details="without it the driver tears GPU state down when the last process exits; every start pays the "
             "initialisation again and a crash can leave GPUs in a slow first-use state",
-            remedy="`nvidia-smi -pm 1` (or enable the nvidia-persistenced service)",
+            remedy=remedies.PERSISTENCE_MODE,
             data=data,
         )
     if unknown:

@@ -12,7 +12,6 @@ from sm120check.doctor import child, remedies, stackenv
 from sm120check.doctor.model import Context, Result, Status
 
 HOOK_MODULE = "sm120kit_env"
-FIX = f"{remedies.CUDA_ENV} (writes {HOOK_MODULE}.py and {HOOK_MODULE}.pth into the venv's site-packages)"
 
 # Run by the stack venv's interpreter: what its start-up left behind.
 _PROBE = """
@@ -73,7 +72,7 @@ def env_verdict(
             Status.FAIL,
             f"the {HOOK_MODULE} start-up hook is not active in the stack venv ({why})",
             details="\n".join(t for t in (shadow_note, f"sitecustomize in use: {active_sc}") if t),
-            remedy=FIX,
+            remedy=remedies.env_hook(HOOK_MODULE),
             data=data,
         )
     wrong = {k: env.get(k) for k, v in want.items() if not _matches(k, v, env.get(k))}
@@ -86,7 +85,7 @@ def env_verdict(
             Status.FAIL,
             f"the hook runs but {len(wrong)} variable(s) differ from the manifest: {', '.join(wrong)}",
             details="\n".join([*lines, shadow_note]).strip(),
-            remedy=FIX,
+            remedy=remedies.env_hook(HOOK_MODULE),
             data=data,
         )
     if shadowed:
@@ -95,7 +94,7 @@ def env_verdict(
             Status.WARN,
             f"hook {hook} sets {len(want)} variable(s), but a venv sitecustomize.py is shadowed",
             details=shadow_note,
-            remedy=f"delete the dead file; the .pth hook does its job ({remedies.CUDA_ENV})",
+            remedy=remedies.ENV_DEAD_FILE,
             data=data,
         )
     compared = f"sets the manifest's {len(want)} variable(s)" if want else "is active (no manifest to compare)"
@@ -133,18 +132,24 @@ class EnvCheck:
                 self.id,
                 Status.FAIL,
                 f"the stack venv's interpreter {python} does not exist",
-                remedy=f"{remedies.PYTHON_STACK} (sm120kit_venv)",
+                remedy=remedies.STACK_VENV,
             )
         seen, error = fresh_interpreter(str(python), list(want), timeout=min(ctx.timeout, 30))
         if seen is None:
-            return Result(self.id, Status.FAIL, f"{python} does not start cleanly", details=error, remedy=FIX)
+            return Result(
+                self.id,
+                Status.FAIL,
+                f"{python} does not start cleanly",
+                details=error,
+                remedy=remedies.env_hook(HOOK_MODULE),
+            )
         if not want and not seen.get("hook") and not pth:
             return Result(
                 self.id,
                 Status.WARN,
                 "no sm120kit_env hook and no manifest env to compare: the CUDA 13 environment is not set",
                 details=f"sitecustomize in use: {seen.get('sitecustomize')}",
-                remedy=FIX,
+                remedy=remedies.env_hook(HOOK_MODULE),
             )
         return env_verdict(seen, want, custom, pth)
 

@@ -13,7 +13,6 @@ NVRTC_TIMEOUT = 30.0  # opening NVRTC and asking its version takes milliseconds
 
 # Where the PyPI CUDA wheels put NVRTC, relative to site-packages (CUDA 13 and CUDA 12 layouts).
 WHEEL_COPIES = ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
-FIX = f"{remedies.CUDA_ENV} (writes the ld.so.conf.d entry for the NVRTC lib dir and runs ldconfig)"
 
 
 def wheel_copies(site_dirs: Sequence[Path]) -> list[str]:
@@ -37,24 +36,24 @@ def nvrtc_verdict(
             Status.FAIL,
             f"{nvrtc_api.SONAME} does not load by soname",
             details=f"{open_error}\n{found}",
-            remedy=FIX,
+            remedy=remedies.NVRTC_LOADER,
             data=data,
         )
     path = opened.path or "(path unknown)"
     data.update(path=path, supported_archs=list(archs))
     if version is None:
-        return Result("nvrtc", Status.FAIL, f"nvrtcVersion failed in {path}", remedy=FIX, data=data)
+        return Result("nvrtc", Status.FAIL, f"nvrtcVersion failed in {path}", remedy=remedies.NVRTC_LOADER, data=data)
     data.update(version=f"{version[0]}.{version[1]}")
     summary = f"NVRTC {version[0]}.{version[1]} from {path}"
     if version[0] != 13:
-        return Result("nvrtc", Status.FAIL, f"{summary} is not CUDA 13", remedy=FIX, data=data)
+        return Result("nvrtc", Status.FAIL, f"{summary} is not CUDA 13", remedy=remedies.NVRTC_LOADER, data=data)
     if 120 not in archs:
         return Result(
             "nvrtc",
             Status.FAIL,
             f"{summary} cannot target sm_120",
             details=f"supported: {', '.join(map(str, archs))}",
-            remedy=f"{remedies.CUDA_TOOLKIT} (cuda_toolkit_version)",
+            remedy=remedies.NVRTC_NO_SM120,
             data=data,
         )
     if want_version and want_version.split(".")[:2] != [str(version[0]), str(version[1])]:
@@ -62,7 +61,7 @@ def nvrtc_verdict(
             "nvrtc",
             Status.FAIL,
             f"{summary}; the manifest pins {want_version}",
-            remedy=FIX,
+            remedy=remedies.NVRTC_LOADER,
             data=data,
         )
     if want_lib_dir and opened.path and not loader.same_file(str(Path(opened.path).parent), want_lib_dir):
@@ -71,7 +70,7 @@ def nvrtc_verdict(
             Status.WARN,
             f"{summary}, not from the manifest's lib_dir {want_lib_dir}",
             details=f"archs {', '.join(map(str, archs))}; {found}",
-            remedy=FIX,
+            remedy=remedies.NVRTC_LOADER,
             data=data,
         )
     return Result(
@@ -98,8 +97,7 @@ def nvrtc_probe_verdict(check_id: str, problem: str, step: str, stderr_tail: str
         Status.FAIL,
         f"{nvrtc_api.SONAME} {hung}{during}: the probe {problem}",
         details="\n".join(evidence),
-        remedy=f"the {nvrtc_api.SONAME} the loader finds (LD_LIBRARY_PATH, `ldconfig -p | grep nvrtc`) hangs or "
-        f"crashes when loaded: remove it from the loader path, then {FIX}",
+        remedy=remedies.nvrtc_hang(nvrtc_api.SONAME),
         data={"wheel_copies": list(copies)},
     )
 

@@ -49,7 +49,7 @@ def platform_verdict(
             "platform",
             Status.FAIL,
             f"Python {python[0]}.{python[1]} is older than 3.10: {summary}",
-            remedy=f"set python_stack_python to a Python >= 3.10 interpreter; {remedies.PYTHON_STACK}",
+            remedy=remedies.PYTHON_TOO_OLD,
             data=data,
         )
     if not glibc or not versions.at_least(glibc, MIN_GLIBC):
@@ -58,7 +58,7 @@ def platform_verdict(
             Status.FAIL,
             f"glibc {glibc or 'unknown'} is older than {MIN_GLIBC}: {summary}",
             details="torch and the CUDA 13 wheels are manylinux_2_28 builds and will not install or load",
-            remedy="use a distribution with glibc >= 2.28 (Debian 12, Ubuntu 22.04/24.04)",
+            remedy=remedies.GLIBC_TOO_OLD,
             data=data,
         )
     if machine not in ("x86_64", "aarch64"):
@@ -106,7 +106,7 @@ class ManifestCheck:
                 if missing
                 else "the node manifest cannot be used",
                 details=ctx.manifest_error or f"{manifest.manifest_path()} not found",
-                remedy=f"{remedies.SM120CHECK} (writes {manifest.DEFAULT_PATH}), or pass --manifest PATH",
+                remedy=remedies.MANIFEST_MISSING,
                 data={"error": ctx.manifest_error_kind.value} if ctx.manifest_error_kind else {},
             )
         data = {"path": str(m.path), "profile": m.profile, "venv": m.venv}
@@ -117,7 +117,7 @@ class ManifestCheck:
                 self.id,
                 Status.WARN,
                 f"{summary}; written by sm120kit {m.sm120kit_version}, doctor is {__version__}",
-                remedy=f"{remedies.SM120CHECK} to install the matching checker and rewrite the manifest",
+                remedy=remedies.MANIFEST_STALE,
                 data=data,
             )
         return Result(self.id, Status.PASS, summary, data=data)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import ClassVar
 
+from sm120check.doctor import remedies
 from sm120check.doctor.model import Context, Result, Status
 
 FAMILY = "sglang_sm120"
-REMEDY = "sm120check sglang patch (role sglang_sm120, tag sglang_sm120_configure); undo with --revert"
 # Findings the patch leaves alone because EAGLE-3 cannot work for that model (sm120check.sglang.eagle.findings).
 EAGLE3_LEFT_AS_IS = ("eagle3-unsupported:", "eagle3-runtime:", "eagle3-partial:")
 
@@ -68,7 +68,7 @@ class SglangSm120:
         if found.needs_patch:
             fixable = [f for f in failing if f.patchable]
             summary = f"SGLang {found.version}: {len(fixable)} gap(s) for compute capability {found.cc}"
-            return result(Status.FAIL, summary, details=details, remedy=REMEDY, data=data)
+            return result(Status.FAIL, summary, details=details, remedy=remedies.SGLANG_PATCH, data=data)
         # EAGLE-3 findings left as is concern one model each (its inner model lacks the methods, or is chosen at
         # run time): named in the summary, but they do not warn, since every release has some and a node serving
         # another model is not affected. Anything else left as is (an old FlashInfer, MNNVL on SM10x) warns.

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from sm120check.doctor import remedies
 from sm120check.doctor.checks.comm import (
     FUSION_TOLERANCE,
     _child_failure,
@@ -27,11 +28,6 @@ from sm120check.doctor.payloads.sglang_comm import SglangCommAnswer, SglangRank
 
 CHECK_ID = "sglang_comm"
 FAMILY = "sglang_sm120"
-PATCH = "sm120check sglang patch (role sglang_sm120, tag sglang_sm120_configure), then rerun the doctor"
-MALFORMED = (
-    "report it to the sm120kit maintainers with the probe's output (python -m sm120check.doctor.probes.sglang_comm)"
-)
-MEMORY = "free GPU memory before the server starts (nvidia-smi shows who holds it), or lower --mem-fraction-static"
 
 
 class SglangComm:
@@ -50,15 +46,16 @@ class SglangComm:
             return _retag(gpus)
         packages = ctx.facts.distributions
         if "sglang" not in packages:
-            return _skip_sglang("SGLang is not installed in the stack venv", "profile full installs it")
+            return _skip_sglang("SGLang is not installed in the stack venv", remedies.FULL_PROFILE)
         args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
         outcome = run_probe("sm120check.doctor.probes.sglang_comm", args, timeout=ctx.timeout, **_stack(ctx))
         if not outcome.ok:
-            return _retag(_child_failure(self.id, "SGLang communication probe", outcome, PATCH))
+            return _retag(_child_failure(self.id, "SGLang communication probe", outcome, remedies.SGLANG_PATCH_RERUN))
         try:
             answer = SglangCommAnswer.from_json(outcome.data)
         except PayloadError as exc:
-            return _fail(f"the SGLang communication probe printed a malformed answer: {exc}", MALFORMED)
+            summary = f"the SGLang communication probe printed a malformed answer: {exc}"
+            return _fail(summary, remedies.SGLANG_PROBE_MALFORMED)
         return _retag(with_evidence(judge_sglang_comm(answer), {"evidence": answer.evidence}))
 
 
@@ -98,7 +95,8 @@ def _fusion_choice(ranks: Sequence[SglangRank], logs: Sequence[str]) -> tuple[Ch
     if all(p is not None and p.present for p in preflight) and not all(p is not None and p.ok for p in preflight):
         line = _first(logs, "preflight") or "the workspace preflight said no"
         failed_query = "probe failed" in line or any(p is not None and p.sizes_error for p in preflight)
-        return Choice("allreduce fusion", False, f"SGLang: {line}", PATCH if failed_query else MEMORY), {}
+        remedy = remedies.SGLANG_PATCH_RERUN if failed_query else remedies.GPU_MEMORY
+        return Choice("allreduce fusion", False, f"SGLang: {line}", remedy), {}
     if len(ranks) < 2:
         return Choice("allreduce fusion", True, "workspace preflight passed (one GPU: no fused run)"), {}
     fusion = [r.fusion for r in ranks]
@@ -107,14 +105,15 @@ def _fusion_choice(ranks: Sequence[SglangRank], logs: Sequence[str]) -> tuple[Ch
         not_run = next(f for f in fusion if f is None or not f.ran)
         given = not_run.reason if not_run is not None else None
         reason = given or _first(logs, "fusion", "FlashInfer") or "not run"
-        remedy = PATCH if "SM90 or SM10X" in reason or "preflight" in reason else "see the details"
+        patchable = "SM90 or SM10X" in reason or "preflight" in reason
+        remedy = remedies.SGLANG_PATCH_RERUN if patchable else remedies.SEE_DETAILS
         return Choice("allreduce fusion", False, reason, remedy), {}
     errors = {k: max(f.max_rel_err[k] for f in ran) for k in ran[0].max_rel_err}
     bad = {k: v for k, v in errors.items() if v > FUSION_TOLERANCE}
     if bad:
         worst = max(bad, key=lambda k: bad[k])
         evidence = f"fused result differs from the reference (rel. error {bad[worst]:.3g} at {worst} tokens)"
-        return Choice("allreduce fusion", False, evidence, "report to SGLang/FlashInfer with this output"), errors
+        return Choice("allreduce fusion", False, evidence, remedies.SGLANG_FUSION_WRONG), errors
     tokens = "/".join(sorted(errors, key=int))
     return Choice("allreduce fusion", True, f"preflight passed, fused = reference at {tokens} tokens"), errors
 
@@ -123,15 +122,17 @@ def _symm_choice(ranks: Sequence[SglangRank], logs: Sequence[str]) -> Choice:
     symm = [r.symm_mem for r in ranks if r.symm_mem is not None]
     if any(s.disabled for s in symm):
         line = _first([x for s in symm for x in s.log], "multicast", "disabl", "symm")
-        return Choice("symmetric memory", False, f"SGLang: {line or 'TorchSymmMemCommunicator disabled'}", PATCH)
+        evidence = f"SGLang: {line or 'TorchSymmMemCommunicator disabled'}"
+        return Choice("symmetric memory", False, evidence, remedies.SGLANG_PATCH_RERUN)
     checks = [c for s in symm for c in s.checks]
     wrong = [c for c in checks if c.ran and not c.ok]
     if wrong:
         evidence = f"all_reduce differs from NCCL at {wrong[0].elements} elements"
-        return Choice("symmetric memory", False, evidence, "report to SGLang; serve without --enable-torch-symm-mem")
+        return Choice("symmetric memory", False, evidence, remedies.SGLANG_SYMM_MEM_WRONG)
     sizes = sorted({c.elements for c in checks if c.ran})
     if not sizes:
-        return Choice("symmetric memory", False, "the communicator took no all_reduce at any size", PATCH)
+        evidence = "the communicator took no all_reduce at any size"
+        return Choice("symmetric memory", False, evidence, remedies.SGLANG_PATCH_RERUN)
     return Choice(
         "symmetric memory", True, f"all_reduce = NCCL at {len(sizes)} sizes up to {max(sizes) * 2 // 1024} KiB"
     )
@@ -140,10 +141,10 @@ def _symm_choice(ranks: Sequence[SglangRank], logs: Sequence[str]) -> Choice:
 def judge_sglang_comm(answer: SglangCommAnswer) -> Result:
     """The probe's evidence -> one verdict: what SGLang turns on at launch, and why not (pure; tested on records)."""
     if answer.timed_out or not answer.ok:
-        return _fail(f"SGLang's communication code did not finish: {answer.problem}", PATCH)
+        return _fail(f"SGLang's communication code did not finish: {answer.problem}", remedies.SGLANG_PATCH_RERUN)
     ranks = answer.ranks
     if not ranks:
-        return _fail("the SGLang probe returned no ranks", PATCH)
+        return _fail("the SGLang probe returned no ranks", remedies.SGLANG_PATCH_RERUN)
     version = ranks[0].sglang or "?"
     logs = [line for r in ranks for line in _lines(r)]
     fusion, errors = _fusion_choice(ranks, logs)
@@ -164,8 +165,7 @@ def judge_sglang_comm(answer: SglangCommAnswer) -> Result:
     details = "\n".join([*logs, f"sizes the communicator left to NCCL: {skipped}" if skipped else ""]).strip()
     off = [c for c in choices if not c.on]
     if off:
-        remedy = "; ".join(dict.fromkeys(c.remedy for c in off if c.remedy))
-        return _fail(summary, remedy, details=details, data=data_out)
+        return _fail(summary, remedies.all_of(*(c.remedy for c in off)), details=details, data=data_out)
     if len(ranks) < 2:
         details = "one GPU: SGLang's communicator and fused allreduce need two (tensor parallelism)"
     return _result(Status.PASS, summary, details=details, data=data_out)

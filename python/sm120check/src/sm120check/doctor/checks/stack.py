@@ -36,7 +36,7 @@ def stack_verdict(installed: Mapping[str, str], pinned: Mapping[str, str], venv:
             "stack",
             Status.FAIL,
             f"the stack venv {venv} differs from the manifest: {'; '.join(parts)}",
-            remedy=f"{remedies.PYTHON_STACK} (sm120kit_profiles / sm120kit_extra_python_packages)",
+            remedy=remedies.STACK_PINS,
             data=data,
         )
     shown = ", ".join(f"{k} {installed[k]}" for k in KEY_PACKAGES if k in installed and k in pins)
@@ -68,7 +68,7 @@ class StackCheck:
                 Status.SKIP,
                 "no manifest to compare the stack venv against",
                 details=f"{venv}: {found}",
-                remedy=f"{remedies.SM120CHECK}, or pass --manifest PATH",
+                remedy=remedies.NO_MANIFEST,
             )
         return stack_verdict(installed, ctx.manifest.python_packages, str(venv))
 

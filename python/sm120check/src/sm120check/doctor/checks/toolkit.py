@@ -15,7 +15,6 @@ from sm120check.doctor.facts import CudaHome
 from sm120check.doctor.model import Context, Result, Status
 
 _NVCC_VERSION = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")
-FIX = f"{remedies.CUDA_TOOLKIT}, then {remedies.CUDA_ENV} (sets CUDA_HOME / CUDA_PATH / PATH)"
 
 
 def parse_nvcc_version(text: str) -> tuple[str, str] | None:
@@ -51,7 +50,7 @@ def toolkit_verdict(
             "toolkit",
             Status.FAIL,
             "no CUDA toolkit: CUDA_HOME, CUDA_PATH unset, no nvcc on PATH, no /usr/local/cuda",
-            remedy=FIX,
+            remedy=remedies.TOOLKIT,
             data=data,
         )
     nvcc = f"{home.path}/bin/nvcc"
@@ -62,13 +61,17 @@ def toolkit_verdict(
             Status.FAIL,
             f"{nvcc} does not run; {where}",
             details=version_out[1].strip() if version_out else "",
-            remedy=FIX,
+            remedy=remedies.TOOLKIT,
             data=data,
         )
     parsed = parse_nvcc_version(version_out[1])
     if parsed is None:
         return Result(
-            "toolkit", Status.FAIL, f"{nvcc} --version printed no release", details=version_out[1], remedy=FIX
+            "toolkit",
+            Status.FAIL,
+            f"{nvcc} --version printed no release",
+            details=version_out[1],
+            remedy=remedies.TOOLKIT,
         )
     release, full = parsed
     data.update(nvcc=full, release=release)
@@ -81,7 +84,7 @@ def toolkit_verdict(
             Status.FAIL,
             f"nvcc is CUDA {release}, not 13: {summary}",
             details="FlashInfer reads the CUDA version from $CUDA_HOME/bin/nvcc and a cu130 torch needs CUDA 13",
-            remedy=FIX,
+            remedy=remedies.TOOLKIT,
             data=data,
         )
     if want_version and not versions.same_release(release, want_version):
@@ -89,7 +92,7 @@ def toolkit_verdict(
             "toolkit",
             Status.FAIL,
             f"nvcc is CUDA {release} but the manifest's toolkit is CUDA {want_version}: {summary}",
-            remedy=f"{FIX} (cuda_toolkit_version)",
+            remedy=remedies.TOOLKIT_VERSION,
             data=data,
         )
     if want_nvcc and full != want_nvcc:
@@ -97,7 +100,7 @@ def toolkit_verdict(
             "toolkit",
             Status.FAIL,
             f"nvcc {full} but the manifest pins {want_nvcc}: {summary}",
-            remedy=f"{FIX} (cuda_toolkit_version)",
+            remedy=remedies.TOOLKIT_VERSION,
             data=data,
         )
     if "sm_120" not in codes:
@@ -106,7 +109,7 @@ def toolkit_verdict(
             Status.FAIL,
             f"nvcc cannot target sm_120: {summary}",
             details=f"nvcc --list-gpu-code: {' '.join(codes) or '(nothing)'}",
-            remedy=FIX,
+            remedy=remedies.TOOLKIT,
             data=data,
         )
     if want_home and os.path.realpath(home.path) != os.path.realpath(want_home):
@@ -115,7 +118,7 @@ def toolkit_verdict(
             Status.WARN,
             f"{summary}; the manifest's toolkit is {want_home}",
             details="FlashInfer and torch extensions will build with the toolkit above, not the provisioned one",
-            remedy=f"{remedies.CUDA_ENV} (exports CUDA_HOME={want_home}) and start a new shell",
+            remedy=remedies.cuda_home(want_home),
             data=data,
         )
     return Result("toolkit", Status.PASS, f"{summary}, targets sm_120", data=data)
@@ -176,7 +179,7 @@ class NvccSm120Check:
                 Status.FAIL,
                 "nvcc has no host C++ compiler: it cannot compile anything (nor can FlashInfer's or Triton's JIT)",
                 details=f"{' '.join(cmd)}\n{out.strip()[-2000:]}",
-                remedy="apt install g++ (ansible-playbook site.yml --tags cuda_toolkit installs it)",
+                remedy=remedies.HOST_COMPILER,
             )
         if rc != 0 or size == 0:
             return Result(
@@ -184,7 +187,7 @@ class NvccSm120Check:
                 Status.FAIL,
                 f"nvcc failed to build an sm_120 cubin (exit {rc})",
                 details=f"{' '.join(cmd)}\n{out.strip()[-2000:]}",
-                remedy=FIX,
+                remedy=remedies.TOOLKIT,
             )
         return Result(self.id, Status.PASS, f"nvcc built an sm_120 cubin ({size} bytes)", data={"cubin_bytes": size})
 

@@ -6,14 +6,14 @@ from typing import ClassVar
 
 from sm120check import versions
 from sm120check.doctor import child, remedies, stackenv
+from sm120check.doctor.health import nccl_floor
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.payloads import PayloadError
 from sm120check.doctor.payloads.torch_info import TorchInfo
 
 PROBE = "sm120check.doctor.probes.torch_info"
-NCCL_MIN = "2.26.2"  # older NCCL fails on SM120 ("ncclMaxSharedMem ... exceeds"): the floor without a manifest
+NCCL_MIN = nccl_floor.floor()  # the one floor preflight also reads (health/nccl_floor.json): without a manifest
 TORCH_PROFILE = "full"  # the shipped profile that installs torch (a manifest `profile` the torch check compares)
-FIX = f"{remedies.PYTHON_STACK} (sm120kit_profiles: torch pinned to a CUDA 13 build, >= 2.11)"
 
 
 def torch_verdict(info: TorchInfo, toolkit_release: str, gpus_expected: bool, want_nccl: str = "") -> Result:
@@ -28,7 +28,7 @@ def torch_verdict(info: TorchInfo, toolkit_release: str, gpus_expected: bool, wa
             Status.FAIL,
             "import torch fails",
             details=info.import_error[-2000:],
-            remedy=FIX,
+            remedy=remedies.TORCH,
         )
     arch_list = list(info.arch_list)
     cuda = info.cuda or ""
@@ -50,17 +50,17 @@ def torch_verdict(info: TorchInfo, toolkit_release: str, gpus_expected: bool, wa
         problems.append(f"no sm_120 or compute_120 in its arch list ({' '.join(arch_list)})")
     if nccl and want_nccl and versions.parse(nccl) != versions.parse(want_nccl):
         problems.append(f"loads NCCL {nccl}, the manifest's nccl.version is {want_nccl}")
-    elif nccl and not want_nccl and not versions.at_least(nccl, NCCL_MIN):
-        problems.append(f"NCCL {nccl} < {NCCL_MIN} (fails on SM120)")
+    elif nccl and not want_nccl and (floor := nccl_floor.judge_nccl(nccl)).status == "fail":
+        problems.append(f"{floor.summary} (floor {NCCL_MIN}{': ' + floor.details if floor.details else ''})")
     if problems:
-        return Result("torch", Status.FAIL, f"{summary}: {'; '.join(problems)}", remedy=FIX, data=data)
+        return Result("torch", Status.FAIL, f"{summary}: {'; '.join(problems)}", remedy=remedies.TORCH, data=data)
     if cuda and toolkit_release and not versions.same_release(toolkit_release, cuda):
         return Result(
             "torch",
             Status.FAIL,
             f"{summary}, but CUDA_HOME's nvcc is {toolkit_release}",
             details="extensions (FlashInfer JIT, torch cpp_extension) build with CUDA_HOME's nvcc against torch's CUDA",
-            remedy=f"{remedies.CUDA_TOOLKIT} and {remedies.CUDA_ENV} (CUDA_HOME to a {cuda} toolkit)",
+            remedy=remedies.torch_toolkit(cuda),
             data=data,
         )
     if gpus_expected and not info.cuda_available:
@@ -85,13 +85,13 @@ def missing_torch_verdict(venv: str, profile: str) -> Result:
             "torch",
             Status.FAIL,
             f"torch is not installed in {venv}, but the manifest's profile is {profile}, which installs it",
-            remedy=FIX,
+            remedy=remedies.TORCH,
         )
     return Result(
         "torch",
         Status.SKIP,
         f"torch is not installed in {venv} (profile {profile or 'unknown: no manifest'})",
-        remedy=f"the full profile installs it: {remedies.PYTHON_STACK} -e sm120kit_profile=full",
+        remedy=remedies.FULL_PROFILE,
     )
 
 
@@ -118,12 +118,14 @@ class TorchCheck:
                 Status.FAIL,
                 f"the torch probe {outcome.problem}",
                 details=outcome.stderr_tail[-2000:],
-                remedy=FIX,
+                remedy=remedies.TORCH,
             )
         try:
             info = TorchInfo.from_json(outcome.data)
         except PayloadError as exc:
-            return Result(self.id, Status.FAIL, f"the torch probe printed a malformed answer: {exc}", remedy=FIX)
+            return Result(
+                self.id, Status.FAIL, f"the torch probe printed a malformed answer: {exc}", remedy=remedies.TORCH
+            )
         toolkit = ctx.results.get("toolkit")
         release = str(toolkit.data.get("release", "")) if toolkit else ""
         driver = ctx.results.get("driver")  # a driver that failed (too old) or skipped: CUDA use is not expected

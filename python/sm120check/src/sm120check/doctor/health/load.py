@@ -5,6 +5,12 @@ cuMemcpyDtoH_v2 bracketed by events on the legacy default stream; the GB/s is th
 Copies repeat until each direction has been busy for `busy_s` (at least 3 copies) and stop at `limit_s`, so a
 GPU trained at Gen1 x1 still finishes in a few seconds. While they run, a sampler thread reads the NVML link
 generation/width and clock-event reasons every 10 ms: a link that drops to Gen1 at idle is read at speed.
+
+Copies do not load the SMs, so `spin` then runs a short compute load: an FMA loop compiled by NVRTC to PTX for the
+device's compute capability, loaded with cuModuleLoadData and launched on every SM (`BLOCKS_PER_SM` blocks each)
+with cuLaunchKernel. The iteration count is fixed per launch: short launches calibrate it (x8 until one takes
+`CALIBRATE_S`), then one launch of about `SPIN_S` runs while NVML's clock-event reasons, SM clock, power and
+temperature are sampled. The kernel ends by itself; every CUDA and NVRTC call is checked.
 No multicast, no clock or power changes, no resets, no NCCL.
 """
 
@@ -13,13 +19,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import statistics
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from sm120check.doctor.health.nvml_health import Nvml
-from sm120check.doctor.health.payloads import LinkSample, LoadResult
+from sm120check.doctor.health.payloads import ClockSample, ComputeLoad, LinkSample, LoadResult
+from sm120check.doctor.nvrtc_api import ERROR_NAMES, Nvrtc, NvrtcError
 
 SONAME = "libcuda.so.1"
 MIB = 1 << 20
@@ -88,6 +97,18 @@ class Cuda:
             self.call(func, *args)
 
 
+@contextlib.contextmanager
+def held_context(cuda: Cuda, dev: int) -> Iterator[None]:
+    """Hold device `dev`'s primary context across the copy and SM loads, so the second load does not pay for a
+    context the first one's release destroyed. Raises CudaCallFailed when it cannot be retained."""
+    ctx = ctypes.c_void_p()
+    cuda.call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+    try:
+        yield
+    finally:
+        cuda.release("cuDevicePrimaryCtxRelease_v2", dev)
+
+
 def _sampler(nvml: Nvml, handle: ctypes.c_void_p, stop: threading.Event, seen: list[LinkSample]) -> None:
     while not stop.is_set():
         sample = nvml.link_sample(handle)
@@ -121,6 +142,9 @@ def _copies(
             return rates
 
 
+BUSY_S = 0.3  # per direction: a few dozen NVML link samples at speed, and the median of 8+ copies at Gen5 x16
+
+
 def measure(
     cuda: Cuda,
     dev: int,
@@ -128,7 +152,7 @@ def measure(
     handle: ctypes.c_void_p,
     *,
     size: int = 256 * MIB,
-    busy_s: float = 0.5,
+    busy_s: float = BUSY_S,
     limit_s: float = 2.5,
 ) -> LoadResult:
     """Pinned H2D then D2H copies on CUDA device `dev` while sampling NVML `handle`; never raises for CUDA errors."""
@@ -178,3 +202,187 @@ def measure(
         samples=tuple(seen),
         error=error,
     )
+
+
+# ---- compute load ------------------------------------------------------------------------------------------------
+
+SPIN_KERNEL_NAME = "sm120kit_spin"
+# Four independent FMA chains per thread; the store under a condition that never holds keeps the loop alive.
+SPIN_KERNEL = r"""
+extern "C" __global__ void sm120kit_spin(float *out, unsigned int iterations) {
+  float a = 1.0f + threadIdx.x * 1e-6f, b = a + 1e-3f, c = b + 1e-3f, d = c + 1e-3f;
+  const float m = 0.999999f, k = 1e-7f;
+  for (unsigned int i = 0; i < iterations; ++i) {
+    a = fmaf(a, m, k); b = fmaf(b, m, k); c = fmaf(c, m, k); d = fmaf(d, m, k);
+  }
+  if (a + b + c + d == -1.0f) out[blockIdx.x] = a;
+}
+"""
+SPIN_S = 0.4  # the timed launch: long enough for a dozen NVML samples and for power to ramp
+CALIBRATE_S = 0.02
+FIRST_ITERATIONS = 1 << 12
+MAX_ITERATIONS = (1 << 32) - 1  # the kernel's unsigned int
+BLOCKS_PER_SM, THREADS = 4, 256
+_SM_COUNT, _CC_MAJOR, _CC_MINOR = 16, 75, 76  # CUdevice_attribute
+
+
+def ptx_arch(cc: tuple[int, int], supported: list[int]) -> str:
+    """The NVRTC virtual architecture for a GPU: its own (compute_90 for 9.0), else the newest NVRTC knows below it
+    (PTX is forward compatible); "" when NVRTC knows none that old."""
+    want = cc[0] * 10 + cc[1]
+    fits = [a for a in supported if a <= want]
+    return f"compute_{max(fits)}" if fits else ""
+
+
+def compile_ptx(nvrtc: Nvrtc, arch: str, source: str = SPIN_KERNEL) -> bytes:
+    """`source` -> NUL-terminated PTX for `arch` ("compute_90"); NvrtcError names the failing call and the log."""
+    lib, prog = nvrtc.lib, ctypes.c_void_p()
+    code = int(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"sm120kit_spin.cu", 0, None, None))
+    if code != 0:
+        raise NvrtcError(f"nvrtcCreateProgram returned {ERROR_NAMES.get(code, code)}")
+    try:
+        options = (ctypes.c_char_p * 1)(f"--gpu-architecture={arch}".encode())
+        code = int(lib.nvrtcCompileProgram(prog, 1, options))
+        if code != 0:
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(max(size.value, 1))
+            lib.nvrtcGetProgramLog(prog, log)
+            text = log.value.decode(errors="replace")
+            raise NvrtcError(f"nvrtcCompileProgram({arch}) returned {ERROR_NAMES.get(code, code)}: {text}")
+        size = ctypes.c_size_t()
+        code = int(lib.nvrtcGetPTXSize(prog, ctypes.byref(size)))
+        if code != 0:
+            raise NvrtcError(f"nvrtcGetPTXSize returned {ERROR_NAMES.get(code, code)}")
+        ptx = ctypes.create_string_buffer(size.value)
+        code = int(lib.nvrtcGetPTX(prog, ptx))
+        if code != 0:
+            raise NvrtcError(f"nvrtcGetPTX returned {ERROR_NAMES.get(code, code)}")
+        return ptx.raw
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+_PTX_LOCK = threading.Lock()
+_PTX: dict[tuple[int, str], bytes] = {}
+
+
+def _shared_ptx(nvrtc: Nvrtc, arch: str) -> bytes:
+    """compile_ptx once per (library, arch) for the spin threads of every GPU (the same PTX serves them all)."""
+    with _PTX_LOCK:
+        key = (id(nvrtc.lib), arch)
+        if key not in _PTX:
+            _PTX[key] = compile_ptx(nvrtc, arch)
+        return _PTX[key]
+
+
+def nvrtc_candidates(paths: Iterable[str] = ()) -> list[str]:
+    """Where NVRTC may be when its soname does not resolve: the CUDA 13 wheels of the doctor's interpreter
+    (nvidia/cu13/lib, nvidia/cuda_nvrtc/lib), then the usual toolkit homes."""
+    found: list[str] = []
+    for site in (*paths, *(p for p in sys.path if p.endswith("site-packages"))):
+        found += sorted(str(f) for f in Path(site).glob("nvidia/*/lib/libnvrtc.so.13*") if f.is_file())
+    for home in ("/usr/local/cuda", "/opt/cuda"):
+        found += sorted(str(f) for f in Path(home).glob("lib*/libnvrtc.so.13*") if f.is_file())
+    return list(dict.fromkeys(f for f in found if not f.endswith((".alt", ".a"))))
+
+
+def open_nvrtc() -> tuple[Nvrtc | None, str]:
+    """NVRTC by soname (as the nvrtc checks open it), else from a CUDA 13 wheel or toolkit; or why not (the compute
+    load then says it could not run)."""
+    try:
+        return Nvrtc.open(), ""
+    except OSError as exc:
+        first = str(exc)
+    for path in nvrtc_candidates():
+        try:
+            return Nvrtc.open(path), ""
+        except OSError:
+            continue
+    return None, f"NVRTC does not load ({first}; no libnvrtc.so.13 in the CUDA 13 wheels or toolkit either)"
+
+
+def _clock_sampler(nvml: Nvml, handle: ctypes.c_void_p, stop: threading.Event, seen: list[ClockSample]) -> None:
+    while not stop.is_set():
+        seen.append(nvml.clock_sample(handle))
+        stop.wait(0.02)
+
+
+def _attribute(cuda: Cuda, attribute: int, dev: int) -> int:
+    value = ctypes.c_int()
+    cuda.call("cuDeviceGetAttribute", ctypes.byref(value), attribute, dev)
+    return value.value
+
+
+def spin(
+    cuda: Cuda,
+    dev: int,
+    nvml: Nvml,
+    handle: ctypes.c_void_p,
+    nvrtc: Nvrtc | None,
+    nvrtc_error: str = "",
+    *,
+    spin_s: float = SPIN_S,
+) -> ComputeLoad:
+    """The FMA kernel on every SM of CUDA device `dev`, clocks sampled through NVML `handle`; never raises for
+    CUDA or NVRTC errors (they become `error`)."""
+    blocks = iterations = 0
+    arch, seconds = "", 0.0
+    seen: list[ClockSample] = []
+    if nvrtc is None:
+        return ComputeLoad(0.0, 0, 0, THREADS, "", error=nvrtc_error or "NVRTC does not load")
+    stop = threading.Event()
+    sampler = threading.Thread(target=_clock_sampler, args=(nvml, handle, stop, seen), daemon=True)
+    ctx, module, func = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    out, start, end = ctypes.c_ulonglong(), ctypes.c_void_p(), ctypes.c_void_p()
+    error, retained = "", False
+    try:
+        arch = ptx_arch((_attribute(cuda, _CC_MAJOR, dev), _attribute(cuda, _CC_MINOR, dev)), nvrtc.supported_archs())
+        if not arch:
+            raise NvrtcError(f"NVRTC supports no architecture old enough for CUDA device {dev}")
+        ptx = _shared_ptx(nvrtc, arch)
+        blocks = _attribute(cuda, _SM_COUNT, dev) * BLOCKS_PER_SM
+        cuda.call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+        retained = True
+        cuda.call("cuCtxSetCurrent", ctx)
+        cuda.call("cuModuleLoadData", ctypes.byref(module), ptx)
+        cuda.call("cuModuleGetFunction", ctypes.byref(func), module, SPIN_KERNEL_NAME.encode())
+        cuda.call("cuMemAlloc_v2", ctypes.byref(out), ctypes.c_size_t(4 * blocks))
+        cuda.call("cuEventCreate", ctypes.byref(start), 0)
+        cuda.call("cuEventCreate", ctypes.byref(end), 0)
+
+        def launch(count: int) -> float:
+            n = ctypes.c_uint(count)
+            params = (ctypes.c_void_p * 2)(ctypes.addressof(out), ctypes.addressof(n))
+            cuda.call("cuEventRecord", start, ctypes.c_void_p(None))
+            cuda.call("cuLaunchKernel", func, blocks, 1, 1, THREADS, 1, 1, 0, ctypes.c_void_p(None), params, None)
+            cuda.call("cuEventRecord", end, ctypes.c_void_p(None))
+            cuda.call("cuEventSynchronize", end)
+            ms = ctypes.c_float()
+            cuda.call("cuEventElapsedTime", ctypes.byref(ms), start, end)
+            return ms.value / 1000.0
+
+        iterations = FIRST_ITERATIONS
+        took = launch(iterations)
+        while took < CALIBRATE_S and iterations * 8 <= MAX_ITERATIONS:
+            iterations *= 8
+            took = launch(iterations)
+        iterations = min(MAX_ITERATIONS, max(iterations, int(iterations * spin_s / max(took, 1e-6))))
+        sampler.start()
+        seconds = launch(iterations)
+    except (CudaCallFailed, NvrtcError) as exc:
+        error = str(exc)
+    finally:
+        stop.set()
+        if sampler.is_alive():
+            sampler.join(timeout=1.0)
+        for event in (start, end):
+            if event.value:
+                cuda.release("cuEventDestroy_v2", event)
+        if out.value:
+            cuda.release("cuMemFree_v2", out)
+        if module.value:
+            cuda.release("cuModuleUnload", module)
+        if retained:
+            cuda.release("cuDevicePrimaryCtxRelease_v2", dev)
+    return ComputeLoad(round(seconds, 3), iterations, blocks, THREADS, arch, tuple(seen), error)

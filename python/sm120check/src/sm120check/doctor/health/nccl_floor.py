@@ -13,15 +13,25 @@ FLOOR = 2.27.3, the first release of the series after 2.26 (tag v2.27.3-1): ever
 reports above are against 2.26 releases, and nothing in the notes says 2.27-2.30 break on SM120. Only 2.31.2 is
 confirmed good for #2418; 2.28.9 (torch's wheel) and 2.30.7 (sm120kit's pin) are accepted but unconfirmed, so
 `judge_nccl` says so and leaves the proof to `nccl_allreduce` with >= 512 KiB messages.
+
+The table itself is nccl_floor.json beside this file (package data), the one source both this module and
+preflight's filter plugin (roles/preflight/filter_plugins/manifest_rules.py, by a path relative to its own file)
+read: change the floor there.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
-FLOOR = (2, 27, 3)
-CONFIRMED_GOOD = (2, 31, 2)  # NVIDIA/nccl#2418: the >= 512 KiB IMA does not reproduce
+TABLE = Path(__file__).with_name("nccl_floor.json")
+
+
+def _release(text: str) -> tuple[int, int, int]:
+    major, minor, patch = (int(part) for part in text.split("."))
+    return major, minor, patch
 
 
 @dataclass(frozen=True)
@@ -32,18 +42,16 @@ class BadRelease:
     evidence: str
 
 
-KNOWN_BAD: tuple[BadRelease, ...] = (
-    BadRelease(
-        (0, 0, 0), (2, 25, 99), 'no SM120 support ("ncclMaxSharedMem ... exceeds")', "sm120kit's old floor note"
-    ),
-    BadRelease(
-        (2, 26, 2),
-        (2, 26, 2),
-        "illegal memory access in collectives of 512 KiB and more on dual RTX PRO 6000 Blackwell",
-        "NVIDIA/nccl#2418 (not reproducible with 2.31.2)",
-    ),
-    BadRelease((2, 26, 0), (2, 26, 99), "the 2.26 series fails on SM120 (RTX 5090)", "NVIDIA/nccl#1637"),
-)
+def _load() -> tuple[tuple[int, int, int], tuple[int, int, int], str, tuple[BadRelease, ...]]:
+    data = json.loads(TABLE.read_text(encoding="utf-8"))
+    bad = tuple(
+        BadRelease(_release(b["first"]), _release(b["last"]), str(b["problem"]), str(b["evidence"]))
+        for b in data["known_bad"]
+    )
+    return _release(data["floor"]), _release(data["confirmed_good"]), str(data["suggested"]), bad
+
+
+FLOOR, CONFIRMED_GOOD, SUGGESTED, KNOWN_BAD = _load()  # CONFIRMED_GOOD: NVIDIA/nccl#2418's IMA does not reproduce
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,10 @@ def known_bad(version: tuple[int, int, int]) -> tuple[BadRelease, ...]:
 
 
 def judge_nccl(version: str) -> NcclJudgement:
-    remedy = f'pin an NCCL >= {floor()} (sm120kit_nccl_version, default "2.30.7"; 2.31.2 is confirmed on nccl#2418)'
+    remedy = (
+        f'pin an NCCL >= {floor()} (sm120kit_nccl_version, default "{SUGGESTED}"; '
+        f"{'.'.join(map(str, CONFIRMED_GOOD))} is confirmed on nccl#2418)"
+    )
     parsed = parse(version)
     if parsed is None:
         return NcclJudgement("fail", f"NCCL version {version!r} is not a version such as 2.30.7", remedy=remedy)

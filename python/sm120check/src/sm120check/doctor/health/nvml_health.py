@@ -16,6 +16,7 @@ from sm120check.doctor.health.payloads import (
     NOT_IN_DRIVER,
     NOT_SUPPORTED,
     OK,
+    ClockSample,
     GpuHealth,
     GpuProcess,
     LinkSample,
@@ -37,6 +38,7 @@ _MEMORY_ERROR_UNCORRECTED = 1  # nvmlMemoryErrorType_t NVML_MEMORY_ERROR_TYPE_UN
 _VOLATILE_ECC, _AGGREGATE_ECC = 0, 1  # nvmlEccCounterType_t
 _RETIRE_MULTIPLE_SBE, _RETIRE_DBE = 0, 1  # nvmlPageRetirementCause_t
 _TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t
+_CLOCK_SM = 1  # nvmlClockType_t NVML_CLOCK_SM
 
 
 class Memory(ctypes.Structure):
@@ -161,6 +163,14 @@ class Nvml:
         width = self.uint("nvmlDeviceGetCurrPcieLinkWidth", handle)
         reasons = self.clock_reasons(handle)
         return LinkSample(gen.value if gen.ok else None, width.value if width.ok else None, reasons.value)
+
+    def clock_sample(self, handle: ctypes.c_void_p) -> ClockSample:
+        """What the sampler thread reads while the compute kernel runs."""
+        reasons = self.clock_reasons(handle)
+        sm = self.uint("nvmlDeviceGetClockInfo", handle, _CLOCK_SM)
+        power = self.uint("nvmlDeviceGetPowerUsage", handle)
+        temperature = self.uint("nvmlDeviceGetTemperature", handle, _TEMPERATURE_GPU)
+        return ClockSample(reasons.value, sm.value, power.value, temperature.value)
 
     def processes(self, handle: ctypes.c_void_p) -> tuple[tuple[GpuProcess, ...], str]:
         func = "nvmlDeviceGetComputeRunningProcesses_v3"

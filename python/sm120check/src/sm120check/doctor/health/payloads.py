@@ -129,6 +129,94 @@ class LoadResult:
         )
 
 
+@dataclass(frozen=True)
+class ClockSample:
+    """What the sampler reads while the compute kernel keeps every SM busy."""
+
+    reasons: int | None  # nvmlClocksEventReasons bit mask
+    sm_mhz: int | None
+    power_mw: int | None
+    temperature_c: int | None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "reasons": self.reasons,
+            "sm_mhz": self.sm_mhz,
+            "power_mw": self.power_mw,
+            "temperature_c": self.temperature_c,
+        }
+
+    @classmethod
+    def from_json(cls, f: Fields) -> ClockSample:
+        return cls(
+            f.maybe_integer("reasons"),
+            f.maybe_integer("sm_mhz"),
+            f.maybe_integer("power_mw"),
+            f.maybe_integer("temperature_c"),
+        )
+
+
+@dataclass(frozen=True)
+class ComputeLoad:
+    """A bounded FMA spin kernel (NVRTC PTX, cuLaunchKernel) on every SM, with clocks sampled while it ran.
+    `error` set: it did not run (NVRTC absent, a CUDA call failed) and `samples` may be empty."""
+
+    seconds: float  # the timed launch, on the GPU's clock (events)
+    iterations: int  # per thread, calibrated by a first short launch
+    blocks: int
+    threads: int
+    arch: str  # the NVRTC target, "compute_90"
+    samples: tuple[ClockSample, ...] = ()
+    error: str = ""
+
+    @property
+    def reasons(self) -> int | None:
+        """Every reason bit seen during the kernel (None: no sample read them)."""
+        masks = [s.reasons for s in self.samples if s.reasons is not None]
+        combined = 0
+        for mask in masks:
+            combined |= mask
+        return combined if masks else None
+
+    @property
+    def sm_mhz_min(self) -> int | None:
+        values = [s.sm_mhz for s in self.samples if s.sm_mhz is not None]
+        return min(values) if values else None
+
+    @property
+    def power_mw_max(self) -> int | None:
+        values = [s.power_mw for s in self.samples if s.power_mw is not None]
+        return max(values) if values else None
+
+    @property
+    def temperature_c_max(self) -> int | None:
+        values = [s.temperature_c for s in self.samples if s.temperature_c is not None]
+        return max(values) if values else None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "seconds": self.seconds,
+            "iterations": self.iterations,
+            "blocks": self.blocks,
+            "threads": self.threads,
+            "arch": self.arch,
+            "samples": [s.to_json() for s in self.samples],
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_json(cls, f: Fields) -> ComputeLoad:
+        return cls(
+            f.number("seconds"),
+            f.integer("iterations"),
+            f.integer("blocks"),
+            f.integer("threads"),
+            f.text("arch"),
+            tuple(ClockSample.from_json(s) for s in f.objects("samples")),
+            f.text("error"),
+        )
+
+
 READING_FIELDS = (  # the GpuHealth fields that are Readings, in order
     "memory_total",
     "memory_used",
@@ -197,12 +285,15 @@ class GpuHealth:
     processes: tuple[GpuProcess, ...] = ()
     processes_status: str = OK
     load: LoadResult | None = None  # None: --no-load, or the load did not run (NodeHealth.load_error)
+    compute: ComputeLoad | None = None  # None: --no-load, or a payload from before the compute load existed
 
     @classmethod
     def unreadable(cls, index: int, status: str) -> GpuHealth:
         """A GPU NVML lists but cannot open (a GPU that fell off the bus: "NVML error 15 (GPU is lost)")."""
         readings = {key: missing(status) for key in READING_FIELDS}
-        return cls(index=index, name="", bus_id="", processes=(), processes_status=status, load=None, **readings)
+        return cls(
+            index=index, name="", bus_id="", processes=(), processes_status=status, load=None, compute=None, **readings
+        )
 
     @property
     def lost(self) -> str:
@@ -221,12 +312,14 @@ class GpuHealth:
         data["processes"] = [p.to_json() for p in self.processes]
         data["processes_status"] = self.processes_status
         data["load"] = None if self.load is None else self.load.to_json()
+        data["compute"] = None if self.compute is None else self.compute.to_json()
         return data
 
     @classmethod
     def from_json(cls, f: Fields) -> GpuHealth:
         readings = {key: Reading.from_json(f.object(key)) for key in READING_FIELDS}
         load = None if f.data.get("load") is None else LoadResult.from_json(f.object("load"))
+        compute = None if f.data.get("compute") is None else ComputeLoad.from_json(f.object("compute"))
         return cls(
             index=f.integer("index"),
             name=f.text("name"),
@@ -234,6 +327,7 @@ class GpuHealth:
             processes=tuple(GpuProcess.from_json(p) for p in f.objects("processes")),
             processes_status=f.text("processes_status"),
             load=load,
+            compute=compute,
             **readings,
         )
 

@@ -1,6 +1,7 @@
 """Print the verdicts of a node_health payload: `python -m sm120check.doctor.health.show payload.json [--sglang DIR]`.
 
-For the device script and by hand until the doctor's checks wire these verdicts in. DIR is an installed sglang
+For the device script and by hand, on a saved payload; the doctor judges the same verdicts through its node_health
+checks (doctor/checks/health.py). DIR is an installed sglang
 package directory; without it, the one importlib finds (not imported) is used, if any.
 """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sm120check.doctor import remedies
 from sm120check.doctor.health import xid as xid_catalogue
 from sm120check.doctor.health.payloads import GpuHealth, KernelLog, Reading
 from sm120check.doctor.health.sglang_configs import TunedConfigs
@@ -36,8 +37,7 @@ def combine(id: str, verdicts: Sequence[Verdict], empty: str = "no GPU to judge"
     bad = [v for v in verdicts if v.status == status]
     summary = bad[0].summary if len(bad) == 1 else f"{len(bad)} GPUs: " + "; ".join(v.summary for v in bad)
     details = "\n".join(v.details for v in verdicts if v.details)
-    remedies = list(dict.fromkeys(v.remedy for v in bad if v.remedy))
-    return Verdict(id, status, summary, details, "; ".join(remedies))
+    return Verdict(id, status, summary, details, remedies.all_of(*(v.remedy for v in bad)))
 
 
 # ---- PCIe link ---------------------------------------------------------------------------------------------------
@@ -45,10 +45,7 @@ def combine(id: str, verdicts: Sequence[Verdict], empty: str = "no GPU to judge"
 _GT_PER_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 _ENCODING = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 242 / 256}  # Gen6: FLIT mode
 
-SLOT_REMEDY = (
-    "reseat the GPU or move it to a CPU-attached x16 slot (not a chipset or bifurcated x8 slot, no riser); set the "
-    "slot's link speed to Auto/Gen5 in the BIOS; check `sudo lspci -vv -s <bus> | grep -E 'LnkCap|LnkSta'`"
-)
+SLOT_REMEDY = remedies.PCIE_SLOT
 
 
 def link_gbps(gen: int, width: int) -> float:
@@ -69,7 +66,7 @@ def pcie_link(gpu: GpuHealth) -> Verdict:
             vid,
             FAIL,
             f"GPU {gpu.index}: NVML cannot reach it ({gpu.lost}): it fell off the bus or needs a reset",
-            remedy=xid_catalogue.lookup(79).action,
+            remedy=remedies.GPU_OFF_BUS,
         )
     if not (gpu.pcie_gen_max.ok and gpu.pcie_width_max.ok):
         return Verdict(vid, SKIP, f"GPU {gpu.index}: NVML gives no maximum link ({gpu.pcie_gen_max.status})")
@@ -100,14 +97,14 @@ def pcie_link(gpu: GpuHealth) -> Verdict:
                 WARN,
                 f"GPU {gpu.index}: link {_link(gen, width)} is the slot's limit, the GPU can do Gen{gpu_max}",
                 details,
-                f"a Gen{gpu_max} CPU-attached slot doubles host bandwidth; check the slot's BIOS link-speed setting",
+                remedies.PCIE_SLOT_GEN,
             )
         return Verdict(vid, PASS, f"GPU {gpu.index}: link {_link(gen, width)} under load (its maximum)", details)
     summary = (
         f"GPU {gpu.index}: link trained at {_link(gen, width)} under load, below its maximum "
         f"{_link(max_gen, max_width)} ({fraction:.0%} of the bandwidth)"
     )
-    return Verdict(vid, FAIL if fraction < 0.5 else WARN, summary, details, SLOT_REMEDY)
+    return Verdict(vid, FAIL if fraction < 0.5 else WARN, summary, details, remedies.PCIE_SLOT)
 
 
 REPLAY_WARN = 100  # our choice: a few replays happen on healthy links; hundreds mean signal-integrity trouble
@@ -124,7 +121,7 @@ def pcie_replay(gpu: GpuHealth) -> Verdict:
             WARN,
             f"GPU {gpu.index}: {count} PCIe replays since the driver loaded (warn at >= {REPLAY_WARN})",
             f"GPU {gpu.index} ({gpu.bus_id}) replay counter {count}",
-            "replays are link-level retransmissions (bit errors): " + SLOT_REMEDY,
+            remedies.PCIE_REPLAY,
         )
     return Verdict(vid, PASS, f"GPU {gpu.index}: {count} PCIe replays")
 
@@ -136,7 +133,7 @@ def xid(log: KernelLog, since_s: float | None = None) -> Verdict:
     """Xids of this boot (or after `since_s` seconds of uptime), each with NVIDIA's meaning and the next step."""
     vid = "gpu_xid"
     if log.error:
-        return Verdict(vid, SKIP, log.error, remedy="run the doctor as root to read the kernel log")
+        return Verdict(vid, SKIP, log.error, remedy=remedies.KERNEL_LOG_ROOT)
     events = [e for e in log.events if since_s is None or e.uptime_s is None or e.uptime_s >= since_s]
     window = "since boot" if since_s is None else f"since {since_s:.0f} s after boot"
     if not events:
@@ -160,7 +157,7 @@ def xid(log: KernelLog, since_s: float | None = None) -> Verdict:
     else:
         summary = f"{len(events)} Xid events {window}: " + ", ".join(lines)
     example = "\n".join(f"  {e.pci}: Xid {e.xid}, {e.text}" for e in events[:5])
-    return Verdict(vid, worst, summary, "\n".join(lines) + "\nfirst lines:\n" + example, "; ".join(steps))
+    return Verdict(vid, worst, summary, "\n".join(lines) + "\nfirst lines:\n" + example, remedies.all_of(*steps))
 
 
 # ---- memory health -----------------------------------------------------------------------------------------------
@@ -185,7 +182,7 @@ def ecc(gpu: GpuHealth) -> Verdict:
             FAIL,
             f"{g}: row remapping failed (no spare rows left for a bad memory row)",
             details,
-            "drain the GPU and RMA it (NVIDIA's row-remapping RMA policy); it cannot hide further memory faults",
+            remedies.ECC_ROW_REMAP_FAILED,
         )
     if gpu.ecc_uncorrected_volatile.ok and gpu.ecc_uncorrected_volatile.value:
         return Verdict(
@@ -193,8 +190,7 @@ def ecc(gpu: GpuHealth) -> Verdict:
             FAIL,
             f"{g}: {gpu.ecc_uncorrected_volatile.value} uncorrectable ECC errors since the driver loaded",
             details,
-            "restart the applications on it, then reset the GPU (`sudo nvidia-smi -r -i N`) or reboot; "
-            "RMA if they come back",
+            remedies.ECC_UNCORRECTED,
         )
     pending = [w for w, r in (("row remap", gpu.remap_pending), ("page retirement", gpu.retired_pending)) if r.value]
     if pending:
@@ -203,7 +199,7 @@ def ecc(gpu: GpuHealth) -> Verdict:
             WARN,
             f"{g}: {' and '.join(pending)} pending: it takes effect only after a GPU reset",
             details,
-            "drain the GPU, then `sudo nvidia-smi -r -i N` or reboot",
+            remedies.ECC_PENDING,
         )
     if gpu.ecc_uncorrected_aggregate.ok and gpu.ecc_uncorrected_aggregate.value:
         return Verdict(
@@ -211,7 +207,7 @@ def ecc(gpu: GpuHealth) -> Verdict:
             WARN,
             f"{g}: {gpu.ecc_uncorrected_aggregate.value} uncorrectable ECC errors in its lifetime (none this boot)",
             details,
-            "watch it: run `dcgmi diag -r 3`; RMA if the count grows",
+            remedies.ECC_LIFETIME,
         )
     if not gpu.ecc_mode.ok:
         return Verdict(vid, PASS, f"{g}: ECC {gpu.ecc_mode.status}; remapped rows {gpu.remap_failure.status}", details)
@@ -238,6 +234,7 @@ REASONS = {
 }
 _FAIL_REASONS = 0x8 | 0x40 | 0x80  # what azurehpc's check_gpu_clock_throttling flags: HW slowdown, thermal, brake
 _WARN_REASONS = 0x20
+_POWER_CAP = 0x4
 TEMPERATURE_WARN_C = 85  # our choice: near the slowdown temperature of these parts
 
 
@@ -246,25 +243,39 @@ def reason_names(mask: int) -> list[str]:
 
 
 def clocks(gpu: GpuHealth) -> Verdict:
-    """Clock-event reasons seen during the load, power limit below the default, temperature."""
+    """Clock-event reasons seen while the FMA kernel kept every SM busy (else during the copies, else at rest), power
+    limit below the default, temperature. SW power cap under the SM load is normal (the kernel draws up to the
+    limit): only HW slowdown, HW thermal and HW power brake fail, as in azurehpc's throttling check."""
     vid = "gpu_clocks"
     g = f"GPU {gpu.index}"
+    compute = gpu.compute
+    under_sm = compute is not None and not compute.error and compute.reasons is not None
     load_mask = gpu.load.busy_reasons if gpu.load is not None else None
-    mask = load_mask if load_mask is not None else gpu.clock_reasons.value
-    when = "during the copies" if load_mask is not None else "at rest"
+    if under_sm and compute is not None:
+        mask, when = compute.reasons, "under the SM load"
+    elif load_mask is not None:
+        mask, when = load_mask, "during the copies"
+    else:
+        mask, when = gpu.clock_reasons.value, "at rest"
     details = (
         f"{g}: reasons {when}: {', '.join(reason_names(mask or 0)) or 'none'}; power limit "
         f"{_watts(gpu.power_limit_mw)} (default {_watts(gpu.power_default_mw)}, enforced "
-        f"{_watts(gpu.power_enforced_mw)}); temperature {gpu.temperature_c.shown(' C')}"
+        f"{_watts(gpu.power_enforced_mw)}); temperature {gpu.temperature_c.shown(' C')} at rest"
     )
+    if compute is not None and under_sm:
+        details += (
+            f"\n{g}: SM load {compute.seconds} s ({compute.blocks} blocks x {compute.threads} threads, "
+            f"{compute.iterations} FMA iterations, {compute.arch}): {len(compute.samples)} samples, SM clock min "
+            f"{_opt(compute.sm_mhz_min, ' MHz')}, power max {_opt_watts(compute.power_mw_max)}, temperature max "
+            f"{_opt(compute.temperature_c_max, ' C')}"
+        )
     if mask is not None and mask & _FAIL_REASONS:
         return Verdict(
             vid,
             FAIL,
             f"{g}: clocks held down by {', '.join(reason_names(mask & _FAIL_REASONS))} {when}",
             details,
-            "HW slowdown / power brake: check PSU capacity and the GPU's power cables (all connectors seated); "
-            "thermal: check airflow, fans and the chassis temperature (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE`)",
+            remedies.CLOCKS_HW_SLOWDOWN,
         )
     limit, default = gpu.power_limit_mw, gpu.power_default_mw
     if limit.ok and default.ok and (limit.value or 0) < (default.value or 0):
@@ -273,19 +284,36 @@ def clocks(gpu: GpuHealth) -> Verdict:
             WARN,
             f"{g}: power limit {_watts(limit)} is below the default {_watts(default)}",
             details,
-            f"raise it: `sudo nvidia-smi -i {gpu.index} -pl {(default.value or 0) // 1000}` (persists until reboot)",
+            remedies.power_limit(gpu.index, (default.value or 0) // 1000),
         )
-    if mask is not None and mask & _WARN_REASONS:
-        return Verdict(vid, WARN, f"{g}: SW thermal slowdown {when}", details, "improve cooling / airflow")
-    if gpu.temperature_c.ok and (gpu.temperature_c.value or 0) >= TEMPERATURE_WARN_C:
+    if compute is not None and not under_sm:
+        why = compute.error or "no clock sample was read during it"
         return Verdict(
             vid,
             WARN,
-            f"{g}: {gpu.temperature_c.value} C (warn at >= {TEMPERATURE_WARN_C} C)",
+            f"{g}: could not load the SMs ({why}): clock reasons read only {when}, which proves no clock under load",
             details,
-            "improve cooling",
+            remedies.COMPUTE_LOAD,
         )
-    return Verdict(vid, PASS, f"{g}: no hardware slowdown {when}, power limit at its default", details)
+    if mask is not None and mask & _WARN_REASONS:
+        return Verdict(vid, WARN, f"{g}: SW thermal slowdown {when}", details, remedies.COOLING)
+    hottest = compute.temperature_c_max if compute is not None and under_sm else None
+    temperature = hottest if hottest is not None else (gpu.temperature_c.value if gpu.temperature_c.ok else None)
+    if temperature is not None and temperature >= TEMPERATURE_WARN_C:
+        return Verdict(
+            vid, WARN, f"{g}: {temperature} C (warn at >= {TEMPERATURE_WARN_C} C)", details, remedies.COOLING
+        )
+    cap = " (SW power cap under the SM load: normal, the kernel draws up to the power limit)"
+    normal = cap if under_sm and mask is not None and mask & _POWER_CAP else ""
+    return Verdict(vid, PASS, f"{g}: no hardware slowdown {when}, power limit at its default{normal}", details)
+
+
+def _opt(value: int | None, unit: str) -> str:
+    return f"{value}{unit}" if value is not None else "(not read)"
+
+
+def _opt_watts(mw: int | None) -> str:
+    return f"{mw / 1000:.0f} W" if mw is not None else "(not read)"
 
 
 def _watts(reading: Reading) -> str:
@@ -300,13 +328,15 @@ def mig(gpu: GpuHealth) -> Verdict:
     g = f"GPU {gpu.index}"
     if not gpu.mig_mode.ok:
         return Verdict(vid, PASS, f"{g}: MIG {gpu.mig_mode.status}")
-    remedy = f"`sudo nvidia-smi -i {gpu.index} -mig 0`, then reset the GPU or reboot"
     if gpu.mig_mode.value:
         return Verdict(
-            vid, FAIL, f"{g}: MIG mode is on: the GPU is split and cannot serve as one TP rank", remedy=remedy
+            vid,
+            FAIL,
+            f"{g}: MIG mode is on: the GPU is split and cannot serve as one TP rank",
+            remedy=remedies.mig_off(gpu.index),
         )
     if gpu.mig_mode_pending.ok and gpu.mig_mode_pending.value:
-        return Verdict(vid, WARN, f"{g}: MIG mode turns on at the next GPU reset", remedy=remedy)
+        return Verdict(vid, WARN, f"{g}: MIG mode turns on at the next GPU reset", remedy=remedies.mig_off(gpu.index))
     return Verdict(vid, PASS, f"{g}: MIG off")
 
 
@@ -329,7 +359,7 @@ def bar1(gpu: GpuHealth) -> Verdict:
             WARN,
             f"{g}: BAR1 is {bar / GIB:.2f} GiB, smaller than its {mem / GIB:.0f} GiB memory (resizable BAR off?)",
             details,
-            "enable 'Above 4G decoding' and 'Resizable BAR' in the BIOS (P2P on RTX parts maps through BAR1)",
+            remedies.RESIZABLE_BAR,
         )
     return Verdict(vid, PASS, f"{g}: BAR1 {bar / GIB:.0f} GiB", details)
 
@@ -360,8 +390,7 @@ def gpu_processes(gpu: GpuHealth) -> Verdict:
         WARN,
         f"{g}: pid {top.pid}{f' ({top.name})' if top.name else ''} already holds {held}",
         f"{g}: {listed}",
-        f"stop it (`nvidia-smi --query-compute-apps=pid,used_memory --format=csv -i {gpu.index}`, then end pid "
-        f"{top.pid}) or leave room for it in --mem-fraction-static",
+        remedies.gpu_process(gpu.index, top.pid),
     )
 
 
@@ -407,8 +436,7 @@ def h2d_bandwidth(gpu: GpuHealth) -> Verdict:
         status,
         f"{g}: {shown} is below {warn_floor:.1f} GB/s ({BANDWIDTH_WARN_FRACTION:.0%} of {_link(max_gen, max_width)})",
         details,
-        "check the pcie_link verdict (a link trained below its maximum), then IOMMU mode (`iommu=pt`) and the "
-        "slot: " + SLOT_REMEDY,
+        remedies.COPY_BANDWIDTH,
     )
 
 
@@ -428,7 +456,7 @@ def gpu_product(gpus: Sequence[GpuHealth], configs: TunedConfigs | None) -> Verd
             f"mixed GPU products on one node: {', '.join(names)}",
             "SGLang picks tuned configs by device name: each edition needs its own files, and a TP group of mixed "
             "editions runs at the slowest one's clocks and power limit",
-            "serve with GPUs of one edition (CUDA_VISIBLE_DEVICES)",
+            remedies.MIXED_PRODUCTS,
         )
     name = names[0]
     if configs is None:
@@ -444,6 +472,5 @@ def gpu_product(gpus: Sequence[GpuHealth], configs: TunedConfigs | None) -> Verd
         WARN,
         f"{name}: the installed SGLang ships no tuned kernel configs named device_name={configs.device_name}",
         details,
-        "SGLang falls back to default (untuned) MoE / FP8 GEMM configs: tune them for this edition "
-        "(sglang benchmark/kernels/fused_moe_triton tuning script) or copy a sibling edition's files under this name",
+        remedies.TUNED_CONFIGS,
     )

@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sm120check.comm.stats import latency_stats
-from sm120check.doctor.probes.ranks import RankContext
+from sm120check.comm.stats import LatencyStats, latency_stats
+from sm120check.doctor.payloads.collective import LaunchFacts, RankHead
+from sm120check.doctor.probes.ranks import Launch, RankContext
 
 HIDDEN = 7168
 TOKENS = (1, 3, 8)
@@ -94,7 +95,7 @@ def expected_sum(numel: int, world_size: int, device: Any) -> Any:
     return total.to(torch.bfloat16)
 
 
-def time_op(op: Callable[[], object], *, iters: int, warmup: int) -> dict[str, float]:
+def time_op(op: Callable[[], object], *, iters: int, warmup: int) -> LatencyStats:
     """Per-call latency with CUDA events around every call; stats in microseconds."""
     import torch
 
@@ -107,7 +108,19 @@ def time_op(op: Callable[[], object], *, iters: int, warmup: int) -> dict[str, f
         op()
         end.record()
     torch.cuda.synchronize()
-    return latency_stats([start.elapsed_time(end) * 1000.0 for start, end in events]).as_dict()
+    return rounded(latency_stats([start.elapsed_time(end) * 1000.0 for start, end in events]))
+
+
+def rounded(stats: LatencyStats) -> LatencyStats:
+    """To 0.01 us, as the payloads print them."""
+    return LatencyStats(
+        stats.n,
+        round(stats.median_us, 2),
+        round(stats.p10_us, 2),
+        round(stats.p90_us, 2),
+        round(stats.mean_us, 2),
+        round(stats.min_us, 2),
+    )
 
 
 def rel_error(got: Any, want: Any) -> float:
@@ -124,10 +137,23 @@ def device_info(device: Any) -> dict[str, object]:
     return {"device": int(device.index), "name": torch.cuda.get_device_name(device), "cc": f"{major}.{minor}"}
 
 
-def merge_latency(ranks: Sequence[Mapping[str, Any]], key: str) -> dict[str, float]:
+def rank_head(device: Any, rank: int) -> RankHead:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return RankHead(rank, int(device.index), torch.cuda.get_device_name(device), f"{major}.{minor}")
+
+
+def merge_latency(per_rank: Sequence[Mapping[str, LatencyStats]]) -> dict[str, float]:
     """Slowest rank's median per token count: a collective is as fast as its slowest rank."""
     merged: dict[str, float] = {}
-    for data in ranks:
-        for tokens, stats in dict(data.get(key) or {}).items():
-            merged[tokens] = max(merged.get(tokens, 0.0), float(stats["median_us"]))
+    for latency in per_rank:
+        for tokens, one in latency.items():
+            merged[tokens] = max(merged.get(tokens, 0.0), one.median_us)
     return merged
+
+
+def launch_facts(result: Launch) -> LaunchFacts:
+    return LaunchFacts(
+        result.ok, result.timed_out, result.problem, round(result.seconds, 2), result.shm_removed, result.evidence
+    )

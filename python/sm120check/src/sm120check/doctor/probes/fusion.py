@@ -5,7 +5,7 @@ Rank 0 first builds (or finds cached) the JIT modules, timed, with `sm120check.j
 modules side by side, prebuilt AOT modules taken as they are) before any rank touches a workspace; then every
 rank creates the workspace, runs pattern kARResidualRMSNorm at each size against NCCL allreduce + add + RMSNorm
 in torch, and times fused against unfused. Where FlashInfer has PcieIpcAllReduceWorkspace (0.7.0+) its
-allreduce is checked and timed as well.
+allreduce is checked and timed as well. Prints one FusionAnswer (doctor/payloads/fusion.py).
 
 `--warm` builds the modules in this process only (no ranks, no GPU needed when FLASHINFER_CUDA_ARCH_LIST is
 set) and reports per module whether it was cached and how long the build took. The flashinfer_jit role does not use
@@ -18,10 +18,26 @@ import argparse
 import dataclasses
 import functools
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sm120check.doctor.child import emit
+from sm120check.doctor.payloads import Fields
+from sm120check.doctor.payloads.collective import LaunchFacts
+from sm120check.doctor.payloads.fusion import (
+    PROBE,
+    FusionAnswer,
+    FusionRank,
+    FusionSize,
+    FusionWarm,
+    JitBuild,
+    JitEnvironment,
+    JitModule,
+    PcieRank,
+    PcieSize,
+    PcieSummary,
+)
 from sm120check.doctor.probes import collective as co
 from sm120check.doctor.probes.ranks import RankContext, launch
 from sm120check.jitcache import build as builder
@@ -31,34 +47,31 @@ MAX_TOKENS = 128
 RMS_EPS = 1e-6
 
 
-def _build(modules: list[str]) -> dict[str, Any]:
+def _build(modules: list[str]) -> JitBuild:
     def say(line: str) -> None:  # stdout carries the one JSON result
         print(line, file=sys.stderr, flush=True)
 
     outcomes = builder.build(modules, progress=say, use_prebuilt=True, parallel=True)
-    return {
-        "modules": [dataclasses.asdict(o) for o in outcomes],
-        "environment": dataclasses.asdict(builder.flashinfer_view()),
-    }
+    view = builder.flashinfer_view()
+    environment = JitEnvironment(view.arch_list_env, tuple(view.targets), view.jit_dir, view.workspace_base_env)
+    return JitBuild(tuple(JitModule(**dataclasses.asdict(o)) for o in outcomes), environment)
 
 
-def rank_main(ctx: RankContext) -> Mapping[str, Any]:
+def rank_main(ctx: RankContext) -> Mapping[str, object]:
     args = ctx.args
-    data: dict[str, Any] = {"rank": ctx.rank}
+    jit = None
     if ctx.rank == 0:
         ctx.phase("jit build")
-        data["jit"] = _build(list(args["modules"]) or _default_modules(bool(args["pcie"])))
+        jit = _build(list(args["modules"]) or _default_modules(bool(args["pcie"])))
     with co.process_group(ctx) as device:
         import flashinfer
         import flashinfer.comm as fc
         import torch
         import torch.distributed as dist
 
-        data.update(co.device_info(device), flashinfer=flashinfer.__version__)
         backend = args["backend"]
         if backend == "auto" and co.multicast_forbidden():
             backend = "trtllm"  # "auto" picks MNNVL (NVLink multicast) where the attribute says it could
-        data["backend_requested"] = backend
         ctx.phase("create workspace")
         ws = fc.create_allreduce_fusion_workspace(
             backend=backend,
@@ -69,11 +82,9 @@ def rank_main(ctx: RankContext) -> Mapping[str, Any]:
             dtype=torch.bfloat16,
             group=dist.group.WORLD,
         )
-        data["backend"] = str(getattr(ws, "backend", ""))
-        data["workspace"] = type(ws).__name__
         timing = {"iters": args["iters"], "warmup": args["warmup"]}
         hidden = args["hidden"]
-        sizes: dict[str, Any] = {}
+        sizes: dict[str, FusionSize] = {}
         try:
             for tokens in args["tokens"]:
                 ctx.phase(f"fusion {tokens} tokens")
@@ -98,10 +109,8 @@ def rank_main(ctx: RankContext) -> Mapping[str, Any]:
                 )
                 fused()
                 torch.cuda.synchronize()
-                entry: dict[str, Any] = {
-                    "residual_rel_err": co.rel_error(residual_out, pre.to(torch.bfloat16)),
-                    "norm_rel_err": co.rel_error(norm_out, norm_ref.to(torch.bfloat16)),
-                }
+                residual_err = co.rel_error(residual_out, pre.to(torch.bfloat16))
+                norm_err = co.rel_error(norm_out, norm_ref.to(torch.bfloat16))
                 scratch = x.clone()
 
                 def unfused(scratch: Any = scratch, residual: Any = residual, gamma: Any = gamma) -> Any:
@@ -110,20 +119,23 @@ def rank_main(ctx: RankContext) -> Mapping[str, Any]:
                     return torch.nn.functional.rms_norm(summed, (hidden,), gamma, RMS_EPS)
 
                 ctx.phase(f"latency {tokens} tokens")
-                entry["latency_us"] = {"fused": co.time_op(fused, **timing), "unfused": co.time_op(unfused, **timing)}
-                sizes[str(tokens)] = entry
+                fused_us, unfused_us = co.time_op(fused, **timing), co.time_op(unfused, **timing)
+                sizes[str(tokens)] = FusionSize(residual_err, norm_err, fused_us, unfused_us)
         finally:
             destroy = getattr(ws, "destroy", None)
             if destroy is not None:
                 destroy()
-        data["sizes"] = sizes
+        pcie, pcie_error = None, None
         if args["pcie"] and hasattr(fc, "PcieIpcAllReduceWorkspace"):
             try:  # the workspace raises on every rank together, so no rank is left waiting
-                data["pcie_ipc"] = _pcie_ipc(ctx, fc, device, timing)
+                pcie = _pcie_ipc(ctx, fc, device, timing)
             except Exception as exc:
-                data["pcie_ipc_error"] = f"{type(exc).__name__}: {exc}"
+                pcie_error = f"{type(exc).__name__}: {exc}"
         torch.cuda.synchronize()
-    return data
+        head = co.rank_head(device, ctx.rank)
+        made = (str(getattr(ws, "backend", "")), type(ws).__name__)  # the backend and workspace FlashInfer chose
+        answer = FusionRank(head, jit, flashinfer.__version__, backend, *made, sizes, pcie, pcie_error)
+    return answer.to_json()
 
 
 def _inputs(tokens: int, hidden: int, rank: int, device: Any) -> tuple[Any, Any, Any]:
@@ -137,7 +149,7 @@ def _inputs(tokens: int, hidden: int, rank: int, device: Any) -> tuple[Any, Any,
     return x, residual, gamma
 
 
-def _pcie_ipc(ctx: RankContext, fc: Any, device: Any, timing: Mapping[str, int]) -> dict[str, Any]:
+def _pcie_ipc(ctx: RankContext, fc: Any, device: Any, timing: Mapping[str, int]) -> PcieRank:
     import torch
     import torch.distributed as dist
 
@@ -146,61 +158,61 @@ def _pcie_ipc(ctx: RankContext, fc: Any, device: Any, timing: Mapping[str, int])
     ws = fc.PcieIpcAllReduceWorkspace(
         group=dist.group.WORLD, max_numel=max(ctx.args["tokens"]) * hidden, dtype=torch.bfloat16
     )
-    out: dict[str, Any] = {"profile": str(getattr(ws, "profile", "")), "sizes": {}}
+    sizes: dict[str, PcieSize] = {}
     try:
         for tokens in ctx.args["tokens"]:
             x = co.pattern(tokens * hidden, ctx.rank, device)
             if not ws.supports(x):
-                out["sizes"][str(tokens)] = {"supported": False}
+                sizes[str(tokens)] = PcieSize(False)
                 continue
             ctx.phase(f"pcie_ipc {tokens} tokens")
             want = x.clone()
             dist.all_reduce(want)
             got = ws.all_reduce(x)
             torch.cuda.synchronize()
-            out["sizes"][str(tokens)] = {
-                "supported": True,
-                "correct": bool(torch.equal(got, want)),
-                "latency_us": co.time_op(functools.partial(ws.all_reduce, x), **timing),
-            }
+            correct = bool(torch.equal(got, want))
+            sizes[str(tokens)] = PcieSize(True, correct, co.time_op(functools.partial(ws.all_reduce, x), **timing))
     finally:
         ws.destroy()
-    return out
+    return PcieRank(str(getattr(ws, "profile", "")), sizes)
 
 
-def summarize(launch_ok: bool, problem: str, seconds: float, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"ok": launch_ok, "problem": problem, "seconds": round(seconds, 2), "ranks": ranks}
-    jit = next((r["jit"] for r in ranks if r.get("jit")), None)
-    if jit:
-        out["jit"] = jit
-    if not launch_ok:
-        return out
+def summarize(launch_facts: LaunchFacts, ranks: Sequence[FusionRank]) -> FusionAnswer:
+    """The ranks merged: the worst relative error and the slowest median per token count."""
+    jit = next((r.jit for r in ranks if r.jit is not None), None)
+    answer = FusionAnswer(launch_facts, tuple(ranks), jit)
+    if not launch_facts.ok or not ranks:
+        return answer
     first = ranks[0]
-    out.update(backend=first.get("backend"), workspace=first.get("workspace"), flashinfer=first.get("flashinfer"))
     errors: dict[str, float] = {}
-    latency: dict[str, dict[str, float]] = {"fused": {}, "unfused": {}}
+    fused: dict[str, float] = {}
+    unfused: dict[str, float] = {}
     for r in ranks:
-        for tokens, entry in dict(r.get("sizes") or {}).items():
-            errors[tokens] = max(errors.get(tokens, 0.0), entry["residual_rel_err"], entry["norm_rel_err"])
-            for kind in ("fused", "unfused"):
-                stats = entry["latency_us"][kind]
-                latency[kind][tokens] = max(latency[kind].get(tokens, 0.0), float(stats["median_us"]))
-    out["max_rel_err"] = errors
-    out["latency_us"] = latency
-    pcie_errors = [str(r["pcie_ipc_error"]) for r in ranks if r.get("pcie_ipc_error")]
-    if pcie_errors:
-        out["pcie_ipc"] = {"error": pcie_errors[0]}
-    pcie = [r["pcie_ipc"] for r in ranks if r.get("pcie_ipc")]
+        for tokens, entry in r.sizes.items():
+            errors[tokens] = max(errors.get(tokens, 0.0), entry.residual_rel_err, entry.norm_rel_err)
+            fused[tokens] = max(fused.get(tokens, 0.0), entry.fused.median_us)
+            unfused[tokens] = max(unfused.get(tokens, 0.0), entry.unfused.median_us)
+    pcie_errors = [r.pcie_ipc_error for r in ranks if r.pcie_ipc_error]
+    pcie = [r.pcie_ipc for r in ranks if r.pcie_ipc is not None]
+    summary = PcieSummary(pcie_errors[0]) if pcie_errors else None
     if pcie:
-        merged: dict[str, Any] = {"profile": pcie[0].get("profile"), "correct": True, "latency_us": {}}
+        correct, latency = True, dict[str, float]()
         for p in pcie:
-            for tokens, entry in p["sizes"].items():
-                if entry.get("supported"):
-                    merged["correct"] = merged["correct"] and entry["correct"]
-                    old = merged["latency_us"].get(tokens, 0.0)
-                    merged["latency_us"][tokens] = max(old, float(entry["latency_us"]["median_us"]))
-        out["pcie_ipc"] = merged
-    return out
+            for tokens, size in p.sizes.items():
+                if size.supported and size.latency_us is not None:
+                    correct = correct and bool(size.correct)
+                    latency[tokens] = max(latency.get(tokens, 0.0), size.latency_us.median_us)
+        summary = PcieSummary(None, pcie[0].profile, correct, latency)
+    return replace(
+        answer,
+        flashinfer=first.flashinfer,
+        backend=first.backend,
+        workspace=first.workspace,
+        max_rel_err=errors,
+        fused_us=fused,
+        unfused_us=unfused,
+        pcie_ipc=summary,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,16 +228,15 @@ def main(argv: list[str] | None = None) -> int:
     modules = [m for m in ns.modules.split(",") if m]  # empty: rank 0 picks what this FlashInfer has
     if ns.warm:
         try:
-            emit({"ok": True, **_build(modules or _default_modules(ns.pcie))})
+            emit(FusionWarm(True, _build(modules or _default_modules(ns.pcie))).to_json())
         except Exception as exc:  # reported, not raised: the caller reads one JSON line
-            emit({"ok": False, "problem": f"{type(exc).__name__}: {exc}"})
+            emit(FusionWarm(False, problem=f"{type(exc).__name__}: {exc}").to_json())
         return 0
     args = co.rank_args(ns)
     args.update(backend=ns.backend, pcie=ns.pcie, modules=modules)
     result = launch("sm120check.doctor.probes.fusion:rank_main", len(args["gpus"]), args, timeout=ns.timeout)
-    out = summarize(result.ok, result.problem, result.seconds, [dict(r.data) for r in result.ranks])
-    out.update(timed_out=result.timed_out, shm_removed=list(result.shm_removed), evidence=result.evidence)
-    emit(out)
+    ranks = tuple(FusionRank.from_json(Fields(PROBE, r.data, f"ranks[{i}]")) for i, r in enumerate(result.ranks))
+    emit(summarize(co.launch_facts(result), ranks).to_json())
     return 0
 
 

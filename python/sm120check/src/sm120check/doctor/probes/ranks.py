@@ -2,7 +2,7 @@
 
 `launch(target, world_size, args, timeout=)` runs `python -m sm120check.doctor.probes.ranks TARGET RANK
 WORKDIR` once per rank. TARGET is "module:function"; the function takes a RankContext and returns a JSON
-object. Each rank:
+object (a payload type's `to_json()`; a failure that still has something to report raises RankFailed). Each rank:
 - runs in its own session (so killing it kills the compilers or helpers it started) and dies with the
   launcher (PR_SET_PDEATHSIG), so a launcher killed by the doctor's timeout takes its ranks along;
 - reports progress (`ctx.phase("first allreduce")`), so a hang names the step that hung;
@@ -60,7 +60,7 @@ class RankContext:
 class RankOutcome:
     rank: int
     returncode: int | None  # None: still running when killed
-    data: Mapping[str, Any] = field(default_factory=dict)
+    data: Mapping[str, object] = field(default_factory=dict)  # what the target returned (or its failure)
     phase: str = ""
     log_tail: str = ""
 
@@ -104,6 +104,15 @@ class Launch:
             return f"ranks hung for {self.seconds:.0f} s (in {', '.join(phases) or 'teardown'}) and were killed"
         failed = [r for r in self.ranks if r.error]
         return "; ".join(f"rank {r.rank}: {r.error}" for r in failed[:2])
+
+
+class RankFailed(Exception):
+    """Raised by a rank target that failed but has measured something (the NCCL version, the sizes that passed):
+    the rank reports `partial` with the error, and exits 1 like any failed rank."""
+
+    def __init__(self, message: str, partial: Mapping[str, object]) -> None:
+        super().__init__(message)
+        self.partial = partial
 
 
 def free_port() -> int:
@@ -250,11 +259,11 @@ def _remove_orphan_shm(before: set[str]) -> tuple[str, ...]:
     return tuple(removed)
 
 
-def _load(target: str) -> Callable[[RankContext], Mapping[str, Any]]:
+def _load(target: str) -> Callable[[RankContext], Mapping[str, object]]:
     module_name, _, function = target.partition(":")
     if not function:
         raise ValueError(f"rank target {target!r} is not of the form module:function")
-    fn: Callable[[RankContext], Mapping[str, Any]] = getattr(importlib.import_module(module_name), function)
+    fn: Callable[[RankContext], Mapping[str, object]] = getattr(importlib.import_module(module_name), function)
     return fn
 
 
@@ -266,7 +275,10 @@ def _rank_main(argv: list[str]) -> int:
     ctx = RankContext(int(rank_text), int(spec["world_size"]), int(spec["port"]), spec["args"], workdir)
     code = 0
     try:
-        data: Mapping[str, Any] = _load(target)(ctx)
+        data: Mapping[str, object] = _load(target)(ctx)
+    except RankFailed as exc:
+        data = dict(exc.partial) | {"error": str(exc), "traceback": traceback.format_exc()[-2000:]}
+        code = 1
     except BaseException as exc:  # a rank reports every failure as data; the launcher judges
         data = {"error": f"{type(exc).__name__}: {exc}".strip(), "traceback": traceback.format_exc()[-2000:]}
         code = 1
@@ -279,4 +291,7 @@ def _rank_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_rank_main(sys.argv[1:]))
+    # Run the copy imported under its own name: a target's RankFailed is that module's class, not __main__'s.
+    from sm120check.doctor.probes import ranks
+
+    sys.exit(ranks._rank_main(sys.argv[1:]))

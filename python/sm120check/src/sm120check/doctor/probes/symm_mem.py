@@ -1,6 +1,7 @@
 """torch symmetric memory: rendezvous, multicast_ptr, one-shot and two-shot allreduce against NCCL, and latency.
 
-Run by the `symm_mem` check as `python -m sm120check.doctor.probes.symm_mem --gpus 0,1 --timeout S`. Multimem
+Run by the `symm_mem` check as `python -m sm120check.doctor.probes.symm_mem --gpus 0,1 --timeout S`; prints one
+SymmMemAnswer (doctor/payloads/symm_mem.py). Multimem
 allreduce runs only where the handle has a multicast pointer and neither TORCH_SYMM_MEM_DISABLE_MULTICAST nor
 NCCL_NVLS_ENABLE=0 forbids multicast.
 """
@@ -11,15 +12,21 @@ import argparse
 import functools
 import os
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TypeVar
 
 from sm120check.doctor.child import emit
+from sm120check.doctor.payloads import Fields
+from sm120check.doctor.payloads.collective import LaunchFacts
+from sm120check.doctor.payloads.symm_mem import PROBE, SymmMemAnswer, SymmRank, SymmSize
 from sm120check.doctor.probes import collective as co
 from sm120check.doctor.probes.ranks import RankContext, launch
 
+T = TypeVar("T")
 
-def rank_main(ctx: RankContext) -> Mapping[str, Any]:
+
+def rank_main(ctx: RankContext) -> Mapping[str, object]:
     import torch
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
@@ -31,57 +38,57 @@ def rank_main(ctx: RankContext) -> Mapping[str, Any]:
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
         if enable is not None:  # needed before torch 2.9, harmless after
             enable(group_name)
-        data: dict[str, Any] = dict(co.device_info(device), rank=ctx.rank, torch=torch.__version__)
-        data["nvshmem_available"] = _optional(lambda: bool(symm_mem.is_nvshmem_available()))
-        data["backend"] = _optional(lambda: str(symm_mem.get_backend(device)))
+        nvshmem = _optional(lambda: bool(symm_mem.is_nvshmem_available()))
+        backend = _optional(lambda: str(symm_mem.get_backend(device)))
         ops = torch.ops.symm_mem
         allow_multimem = not co.multicast_forbidden()
-        sizes: dict[str, Any] = {}
+        multicast_ptr = 0
+        sizes: dict[str, SymmSize] = {}
         for tokens in args["tokens"]:
             numel = tokens * args["hidden"]
             ctx.phase(f"rendezvous {tokens} tokens")
             buf = symm_mem.empty(numel, dtype=torch.bfloat16, device=device)
             handle = symm_mem.rendezvous(buf, group)
-            data["multicast_ptr"] = int(handle.multicast_ptr)
+            multicast_ptr = int(handle.multicast_ptr)
             want = co.expected_sum(numel, ctx.world_size, device)
             ref = co.pattern(numel, ctx.rank, device)
             dist.all_reduce(ref)
-            entry: dict[str, Any] = {"nccl_matches_reference": bool(torch.equal(ref, want))}
+            nccl_ok = bool(torch.equal(ref, want))
             ctx.phase(f"one-shot {tokens} tokens")
             buf.copy_(co.pattern(numel, ctx.rank, device))
             one = ops.one_shot_all_reduce(buf, "sum", group_name)
-            entry["one_shot_correct"] = bool(torch.equal(one, ref))
+            one_ok = bool(torch.equal(one, ref))
             ctx.phase(f"two-shot {tokens} tokens")
             buf.copy_(co.pattern(numel, ctx.rank, device))
             ops.two_shot_all_reduce_(buf, "sum", group_name)
-            entry["two_shot_correct"] = bool(torch.equal(buf, ref))
+            two_ok = bool(torch.equal(buf, ref))
             multimem = allow_multimem and handle.multicast_ptr != 0
+            multimem_ok = None
             if multimem:
                 ctx.phase(f"multimem {tokens} tokens")
                 buf.copy_(co.pattern(numel, ctx.rank, device))
                 ops.multimem_all_reduce_(buf, "sum", group_name)
-                entry["multimem_correct"] = bool(torch.equal(buf, ref))
+                multimem_ok = bool(torch.equal(buf, ref))
             ctx.phase(f"latency {tokens} tokens")
             timing = {"iters": args["iters"], "warmup": args["warmup"]}
             nccl_buf = co.pattern(numel, ctx.rank, device)
-            entry["latency_us"] = {
+            latency = {
                 "nccl": co.time_op(functools.partial(dist.all_reduce, nccl_buf), **timing),
                 "one_shot": co.time_op(functools.partial(ops.one_shot_all_reduce, buf, "sum", group_name), **timing),
                 "two_shot": co.time_op(functools.partial(ops.two_shot_all_reduce_, buf, "sum", group_name), **timing),
             }
             if multimem:
-                entry["latency_us"]["multimem"] = co.time_op(
+                latency["multimem"] = co.time_op(
                     functools.partial(ops.multimem_all_reduce_, buf, "sum", group_name), **timing
                 )
-            sizes[str(tokens)] = entry
+            sizes[str(tokens)] = SymmSize(nccl_ok, one_ok, two_ok, latency, multimem_ok)
             del handle
-        data["sizes"] = sizes
-        data["multimem_allowed"] = allow_multimem
         torch.cuda.synchronize()
-        return data
+        head = co.rank_head(device, ctx.rank)
+        return SymmRank(head, torch.__version__, nvshmem, backend, multicast_ptr, allow_multimem, sizes).to_json()
 
 
-def _optional(read: Callable[[], object]) -> object:
+def _optional(read: Callable[[], T]) -> T | str:
     """A fact only some torch releases can tell (is_nvshmem_available 2.8+, get_backend 2.9+)."""
     try:
         return read()
@@ -89,26 +96,27 @@ def _optional(read: Callable[[], object]) -> object:
         return f"unavailable: {type(exc).__name__}"
 
 
-def summarize(launch_ok: bool, problem: str, seconds: float, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"ok": launch_ok, "problem": problem, "seconds": round(seconds, 2), "ranks": ranks}
-    if not launch_ok:
-        return out
-    out["multicast_ptr"] = [r.get("multicast_ptr", 0) for r in ranks]
-    out["multimem_allowed"] = all(r.get("multimem_allowed") for r in ranks)
+def summarize(launch_facts: LaunchFacts, ranks: Sequence[SymmRank], env: Mapping[str, str]) -> SymmMemAnswer:
+    """The ranks merged: a path is correct only if it was at every size on every rank; the slowest median."""
+    answer = SymmMemAnswer(launch_facts, tuple(ranks), env)
+    if not launch_facts.ok:
+        return answer
     correct: dict[str, bool] = {}
     latency: dict[str, dict[str, float]] = {}
     for r in ranks:
-        for tokens, entry in dict(r.get("sizes") or {}).items():
-            for key, value in entry.items():
-                if key.endswith("_correct"):
-                    op = key[: -len("_correct")]
-                    correct[op] = correct.get(op, True) and bool(value)
-            for op, stats in dict(entry.get("latency_us") or {}).items():
+        for tokens, entry in r.sizes.items():
+            for op, ok in entry.correct.items():
+                correct[op] = correct.get(op, True) and ok
+            for op, stats in entry.latency_us.items():
                 per = latency.setdefault(op, {})
-                per[tokens] = max(per.get(tokens, 0.0), float(stats["median_us"]))
-    out["correct"] = correct
-    out["latency_us"] = latency
-    return out
+                per[tokens] = max(per.get(tokens, 0.0), stats.median_us)
+    return replace(
+        answer,
+        multicast_ptr=tuple(r.multicast_ptr or 0 for r in ranks),
+        multimem_allowed=all(r.multimem_allowed for r in ranks),
+        correct=correct,
+        latency_us=latency,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,12 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     args = co.rank_args(ns)
     result = launch("sm120check.doctor.probes.symm_mem:rank_main", len(args["gpus"]), args, timeout=ns.timeout)
-    out = summarize(result.ok, result.problem, result.seconds, [dict(r.data) for r in result.ranks])
-    out.update(timed_out=result.timed_out, shm_removed=list(result.shm_removed), evidence=result.evidence)
-    out["env"] = {
-        k: os.environ.get(k, "") for k in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE", "TORCH_SYMMMEM")
-    }
-    emit(out)
+    ranks = tuple(SymmRank.from_json(Fields(PROBE, r.data, f"ranks[{i}]")) for i, r in enumerate(result.ranks))
+    env = {k: os.environ.get(k, "") for k in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE", "TORCH_SYMMMEM")}
+    emit(summarize(co.launch_facts(result), ranks, env).to_json())
     return 0
 
 

@@ -1,22 +1,29 @@
 """Collect the evidence for the `topology` check: NVML P2P status per GPU pair, `nvidia-smi topo -m` and
 `topo -p2p r`, the IOMMU mode of each GPU (sysfs), the kernel command line, and ACS control from `lspci -vvv`.
 
-Run as `python -m sm120check.doctor.probes.topology --gpus 0,1`; prints one JSON object of raw evidence (the check
-parses and judges it with sm120check.comm.topology). Needs no torch; NVML through nvidia-ml-py when installed.
+Run as `python -m sm120check.doctor.probes.topology --gpus 0,1`; prints one TopologyEvidence
+(doctor/payloads/topology.py) of raw evidence (the check parses and judges it with sm120check.comm.topology_parse).
+Needs no torch; NVML through nvidia-ml-py when installed.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-from sm120check.comm.topology import parse_lspci_acs
+from sm120check.comm.topology_parse import parse_lspci_acs
 from sm120check.doctor.child import emit
+from sm120check.doctor.payloads.topology import (
+    AcsEvidence,
+    CommandText,
+    NvmlDevice,
+    NvmlEvidence,
+    NvmlPair,
+    TopologyEvidence,
+)
 
 # NVML P2P status -> the code `nvidia-smi topo -p2p` prints.
 NVML_P2P_CODES = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
@@ -25,16 +32,17 @@ NVML_P2P_CAPS = {"read": 0, "write": 1, "nvlink": 2, "atomics": 3}
 NVML_TOPOLOGY = {0: "SELF", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 
 
-def _run(cmd: list[str], timeout: float = 20.0) -> dict[str, Any]:
+def run_text(cmd: list[str], timeout: float = 20.0) -> CommandText:
+    """A command's stdout, or why there is none (not on PATH, no answer in time, a non-zero exit)."""
     if shutil.which(cmd[0]) is None:
-        return {"ok": False, "error": f"{cmd[0]} not found on PATH"}
+        return CommandText(False, error=f"{cmd[0]} not found on PATH")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"`{' '.join(cmd)}` did not answer within {timeout:.0f} s"}
+        return CommandText(False, error=f"`{' '.join(cmd)}` did not answer within {timeout:.0f} s")
     if proc.returncode != 0:
-        return {"ok": False, "error": (proc.stderr or proc.stdout).strip()[-500:] or f"exit {proc.returncode}"}
-    return {"ok": True, "text": proc.stdout}
+        return CommandText(False, error=(proc.stderr or proc.stdout).strip()[-500:] or f"exit {proc.returncode}")
+    return CommandText(True, text=proc.stdout)
 
 
 def sysfs_address(bus_id: str) -> str:
@@ -43,15 +51,15 @@ def sysfs_address(bus_id: str) -> str:
     return f"{domain[-4:]}:{rest}"
 
 
-def _nvml(gpus: list[int]) -> dict[str, Any]:
+def _nvml(gpus: list[int]) -> NvmlEvidence:
     try:
         import pynvml
     except ImportError:
-        return {"ok": False, "error": "nvidia-ml-py is not installed (pip install nvidia-ml-py)"}
+        return NvmlEvidence(False, "nvidia-ml-py is not installed (pip install nvidia-ml-py)")
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
-        return {"ok": False, "error": f"nvmlInit: {exc}"}
+        return NvmlEvidence(False, f"nvmlInit: {exc}")
     try:
         handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i) for i in gpus}
         devices = []
@@ -59,39 +67,39 @@ def _nvml(gpus: list[int]) -> dict[str, Any]:
             name = pynvml.nvmlDeviceGetName(h)
             bus = pynvml.nvmlDeviceGetPciInfo(h).busId
             devices.append(
-                {
-                    "index": i,
-                    "name": name.decode() if isinstance(name, bytes) else str(name),
-                    "bus_id": bus.decode() if isinstance(bus, bytes) else str(bus),
-                }
+                NvmlDevice(
+                    i,
+                    name.decode() if isinstance(name, bytes) else str(name),
+                    bus.decode() if isinstance(bus, bytes) else str(bus),
+                )
             )
         pairs = []
         for a in gpus:
             for b in gpus:
                 if a >= b:
                     continue
-                entry: dict[str, Any] = {"pair": [a, b]}
+                caps: dict[str, str] = {}
                 for cap, index in NVML_P2P_CAPS.items():
                     try:
                         status = pynvml.nvmlDeviceGetP2PStatus(handles[a], handles[b], index)
-                        entry[cap] = NVML_P2P_CODES.get(int(status), str(status))
+                        caps[cap] = NVML_P2P_CODES.get(int(status), str(status))
                     except pynvml.NVMLError as exc:
-                        entry[cap] = f"error: {exc}"
+                        caps[cap] = f"error: {exc}"
                 try:
                     level = pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b])
-                    entry["ancestor"] = NVML_TOPOLOGY.get(int(level), str(level))
+                    ancestor = NVML_TOPOLOGY.get(int(level), str(level))
                 except pynvml.NVMLError as exc:
-                    entry["ancestor"] = f"error: {exc}"
-                pairs.append(entry)
-        return {"ok": True, "devices": devices, "pairs": pairs}
+                    ancestor = f"error: {exc}"
+                pairs.append(NvmlPair((a, b), caps["read"], caps["write"], caps["nvlink"], caps["atomics"], ancestor))
+        return NvmlEvidence(True, devices=tuple(devices), pairs=tuple(pairs))
     finally:
         pynvml.nvmlShutdown()
 
 
-def _iommu_types(devices: list[dict[str, Any]]) -> dict[str, str]:
+def _iommu_types(devices: tuple[NvmlDevice, ...]) -> dict[str, str]:
     types = {}
     for dev in devices:
-        address = sysfs_address(str(dev["bus_id"]))
+        address = sysfs_address(dev.bus_id)
         try:
             types[address] = (Path("/sys/bus/pci/devices") / address / "iommu_group" / "type").read_text().strip()
         except OSError:
@@ -107,21 +115,26 @@ def main(argv: list[str] | None = None) -> int:
     if not gpus:
         gpus = _all_gpus()
     nvml = _nvml(gpus)
-    out: dict[str, Any] = {"gpus": gpus, "nvml": nvml}
-    out["topo_m"] = _run(["nvidia-smi", "topo", "-m"])
-    out["topo_p2p_r"] = _run(["nvidia-smi", "topo", "-p2p", "r"])
     try:
-        out["cmdline"] = Path("/proc/cmdline").read_text().strip()
+        cmdline = Path("/proc/cmdline").read_text().strip()
     except OSError:
-        out["cmdline"] = ""
-    out["iommu_group_types"] = _iommu_types(nvml.get("devices", []))
-    lspci = _run(["lspci", "-vvv"])
-    if lspci["ok"]:
-        ports, readable = parse_lspci_acs(lspci["text"])
-        out["acs"] = {"ok": True, "readable": readable, "ports": [dataclasses.asdict(p) for p in ports]}
+        cmdline = ""
+    lspci = run_text(["lspci", "-vvv"])
+    if lspci.ok:
+        ports, readable = parse_lspci_acs(lspci.text)
+        acs = AcsEvidence(True, readable, tuple(ports))
     else:
-        out["acs"] = {"ok": False, "error": lspci["error"]}
-    emit(out)
+        acs = AcsEvidence(False, error=lspci.error)
+    evidence = TopologyEvidence(
+        tuple(gpus),
+        nvml,
+        run_text(["nvidia-smi", "topo", "-m"]),
+        run_text(["nvidia-smi", "topo", "-p2p", "r"]),
+        cmdline,
+        acs,
+        _iommu_types(nvml.devices),
+    )
+    emit(evidence.to_json())
     return 0
 
 

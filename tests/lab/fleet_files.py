@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fleet" / "fixtures"
 REAL = (FIXTURES / "vm-level2.json").read_text(encoding="utf-8")  # a real `sm120check doctor --json` report
 
 

@@ -12,10 +12,13 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "sglang"
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = REPO / "tests" / "sglang" / "fixtures"
+# A `--json` document of `sm120check sglang`, as json.loads gives it: untyped JSON the tests index into.
+Json = dict[str, Any]
 RELEASES = ("0.5.4", "0.5.9", "0.5.10", "0.5.14", "0.5.16", "0.5.23")
 
 
@@ -66,11 +69,11 @@ class PatchCycle:
     """What happened to a copy of one release: patch, scan again, patch again, revert."""
 
     version: str
-    first: dict[str, object]
-    scan_after: dict[str, object]
+    first: Json
+    scan_after: Json
     scan_after_status: int
-    second: dict[str, object]
+    second: Json
     check_after_status: int
-    reverted: dict[str, object]
+    reverted: Json
     hashes_before: dict[str, str]
     hashes_after_revert: dict[str, str]

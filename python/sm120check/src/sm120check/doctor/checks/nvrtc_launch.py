@@ -9,20 +9,10 @@ from sm120check.doctor import child, nvrtc_api, remedies
 from sm120check.doctor.checks.nvrtc import nvrtc_probe_verdict
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.payloads import PayloadError
-from sm120check.doctor.payloads.jit_launch import JitLaunch
+from sm120check.doctor.payloads.nvrtc_launch import JitLaunch
 
 TARGETS = ("sm_120", "sm_120a", "sm_120f")
-PROBE = "sm120check.doctor.probes.jit_launch"
-
-
-def compile_remedy(code: int) -> str:
-    if code == 7:  # NVRTC_ERROR_BUILTIN_OPERATION_FAILURE
-        return (
-            "NVRTC could not open libnvrtc-builtins.so.13.0: its directory must be on the loader path; "
-            + remedies.CUDA_ENV
-            + " (ld.so.conf.d entry + ldconfig)"
-        )
-    return f"{remedies.CUDA_TOOLKIT} (cuda_toolkit_version: an NVRTC >= 12.9 that knows sm_120f)"
+PROBE = "sm120check.doctor.probes.nvrtc_launch"
 
 
 def jit_verdict(compiled: Sequence[nvrtc_api.Compiled], launch: JitLaunch | None, launch_problem: str) -> Result:
@@ -37,7 +27,7 @@ def jit_verdict(compiled: Sequence[nvrtc_api.Compiled], launch: JitLaunch | None
             Status.FAIL,
             f"NVRTC cannot compile for {', '.join(c.arch for c in failed)}: {first.error}",
             details=first.log[-2000:],
-            remedy=compile_remedy(first.code),
+            remedy=remedies.nvrtc_compile(first.code),
             data=data,
         )
     built = f"NVRTC built {', '.join(TARGETS)} cubins"
@@ -48,7 +38,7 @@ def jit_verdict(compiled: Sequence[nvrtc_api.Compiled], launch: JitLaunch | None
             "sm120_jit",
             Status.FAIL,
             f"{built}, but the GPU launch probe {launch_problem}",
-            remedy="run `python -m sm120check.doctor.probes.jit_launch` by hand to see the error",
+            remedy=remedies.NVRTC_LAUNCH_PROBE,
             data=data,
         )
     rows = launch.gpus

@@ -1,7 +1,7 @@
 """Probe (child process): compile the test kernel with NVRTC for each GPU's own architecture, load the
 cubin through the driver API, launch it and compare with a CPU reference. Prints one JSON line.
 
-    python -m sm120check.doctor.probes.jit_launch [--gpus 0,1]
+    python -m sm120check.doctor.probes.nvrtc_launch [--gpus 0,1]
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from sm120check.doctor import cuda_api, nvrtc_api
 from sm120check.doctor.child import emit
-from sm120check.doctor.payloads.jit_launch import JitLaunch, LaunchRow
+from sm120check.doctor.payloads.nvrtc_launch import JitLaunch, LaunchRow
 
 N = 4099  # not a multiple of the block size: the bounds check is exercised too
 A = 2654435761

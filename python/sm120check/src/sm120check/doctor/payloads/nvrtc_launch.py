@@ -1,4 +1,4 @@
-"""The answer of probes/jit_launch.py: for each GPU, the kernel NVRTC built for its architecture and how it ran."""
+"""The answer of probes/nvrtc_launch.py: for each GPU, the kernel NVRTC built for its architecture and how it ran."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from sm120check.doctor.payloads import Fields
 
-PROBE = "jit_launch"
+PROBE = "nvrtc_launch"
 
 
 @dataclass(frozen=True)
