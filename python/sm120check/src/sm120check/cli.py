@@ -1,7 +1,9 @@
 """The `sm120check` command line: one subcommand per job, each defined in its own module.
 
 Subcommand modules are imported here only to declare their arguments; they keep heavy imports
-(torch, FlashInfer, SGLang) inside the functions that run the work.
+(torch, FlashInfer, SGLang) inside the functions that run the work. Only the subcommand the command line names is
+imported (`sm120check doctor` never loads the bench's asyncio client or the SGLang patcher: a third of the doctor's
+start-up); `--help`, no subcommand or an unknown one imports them all, for the full list.
 """
 
 from __future__ import annotations
@@ -9,27 +11,70 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from sm120check import __version__
-from sm120check.bench import cli as bench_cli
-from sm120check.bench import crossover_cli
-from sm120check.doctor import cli as doctor_cli
 from sm120check.exitcodes import Exit
-from sm120check.fleet import cli as fleet_cli
-from sm120check.jitcache import cli as jitcache_cli
-from sm120check.sglang import cli as sglang_cli
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
 
 # Each subcommand's `register(subparsers)` adds its parser and sets `handler` (a callable taking the parsed namespace
-# and returning the exit status); in `--help` order: doctor, sglang, fleet, bench, crossover, jit.
-REGISTER: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
-    doctor_cli.register,
-    sglang_cli.register,
-    fleet_cli.register,
-    bench_cli.register,
-    crossover_cli.register,
-    jitcache_cli.register,
-)
+# and returning the exit status). The imports sit in these functions so that only the one that runs is loaded.
+def _doctor(subparsers: Subparsers) -> None:
+    from sm120check.doctor import cli
+
+    cli.register(subparsers)
+
+
+def _sglang(subparsers: Subparsers) -> None:
+    from sm120check.sglang import cli
+
+    cli.register(subparsers)
+
+
+def _fleet(subparsers: Subparsers) -> None:
+    from sm120check.fleet import cli
+
+    cli.register(subparsers)
+
+
+def _bench(subparsers: Subparsers) -> None:
+    from sm120check.bench import cli
+
+    cli.register(subparsers)
+
+
+def _crossover(subparsers: Subparsers) -> None:
+    from sm120check.bench import crossover_cli
+
+    crossover_cli.register(subparsers)
+
+
+def _jit(subparsers: Subparsers) -> None:
+    from sm120check.jitcache import cli
+
+    cli.register(subparsers)
+
+
+# Subcommand name -> its registrar, in `--help` order.
+REGISTER: dict[str, Callable[[Subparsers], None]] = {
+    "doctor": _doctor,
+    "sglang": _sglang,
+    "fleet": _fleet,
+    "bench": _bench,
+    "crossover": _crossover,
+    "jit": _jit,
+}
+
+
+def _named(argv: Sequence[str]) -> str | None:
+    """The subcommand `argv` runs when its first word is one (options of `sm120check` itself come first only as
+    --help/--version, which need every subcommand or none)."""
+    return argv[0] if argv and argv[0] in REGISTER else None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,22 +85,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(Exit.USAGE, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with `argv`, only the subcommand it names (when it names one) is registered."""
     parser = _Parser(prog="sm120check", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"sm120check {__version__}")
     # Typed as the registrars take it: they only call add_parser, and a _Parser is an ArgumentParser.
-    subparsers = cast(
-        "argparse._SubParsersAction[argparse.ArgumentParser]",
-        parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser),
-    )
-    for register in REGISTER:
-        register(subparsers)
+    subparsers = cast("Subparsers", parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser))
+    named = _named(argv) if argv is not None else None
+    for name, register in REGISTER.items():
+        if named is None or name == named:
+            register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words)
+    args = parser.parse_args(words)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -1,0 +1,58 @@
+"""`sm120check <subcommand>` loads only that subcommand's modules; the full list still shows without one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sm120check import cli
+
+# The doctor reads the FlashInfer JIT cache (sm120check.jitcache) itself, but not the `jit` subcommand.
+OTHERS = ("sm120check.bench", "sm120check.sglang", "sm120check.fleet", "sm120check.jitcache.cli")
+
+
+def loaded_after(argv: list[str]) -> list[str]:
+    """The sm120check modules a fresh interpreter holds after building the parser for `argv`."""
+    code = (
+        "import json, sys\nfrom sm120check.cli import build_parser\n"
+        f"build_parser({argv!r})\nprint(json.dumps(sorted(m for m in sys.modules if m.startswith('sm120check'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    modules: list[str] = json.loads(done.stdout)
+    return modules
+
+
+def test_the_doctor_loads_no_other_subcommand() -> None:
+    modules = loaded_after(["doctor", "--level", "2", "--json"])
+    assert "sm120check.doctor.cli" in modules
+    assert [m for m in modules if m.startswith(OTHERS)] == []
+
+
+def test_without_a_subcommand_every_one_is_listed() -> None:
+    modules = loaded_after(["--help"])
+    assert {"sm120check.bench.cli", "sm120check.sglang.cli", "sm120check.fleet.cli", "sm120check.jitcache.cli"} <= set(
+        modules
+    )
+
+
+def choices(parser: argparse.ArgumentParser) -> list[str]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return list(action.choices)
+
+
+@pytest.mark.parametrize("name", list(cli.REGISTER))
+def test_each_registrar_adds_the_subcommand_it_is_named_for(name: str) -> None:
+    assert choices(cli.build_parser([name])) == [name]
+
+
+def test_an_unknown_subcommand_is_a_usage_error_listing_them_all(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["bogus"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'bogus'" in err
+    assert all(f"'{name}'" in err for name in cli.REGISTER)
