@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +267,33 @@ def test_the_health_probe_starts_in_the_background_and_every_reader_gets_the_sam
     assert first.health is not None, first.problem
     assert first.health.load_error in ("skipped: --no-load", "skipped: no NVML")
     assert facts.gather(facts.NodeFacts(), timeout=60, nvml=False).health is None  # no health check: not asked
+
+
+def test_the_torch_probe_starts_with_the_facts_once_and_the_torch_check_judges_its_answer(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The slowest level-2 child starts before the checks (not after `toolkit` and `driver`); the real torch probe
+    runs (the dev venv's CPU torch), once, from the facts thread, and the torch check judges that answer."""
+    started: list[tuple[str, str]] = []
+    real = child.run_probe
+
+    def run_probe(module: str, *args: Any, **kwargs: Any) -> child.ChildOutcome:
+        import threading
+
+        started.append((module, threading.current_thread().name))
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setattr(child, "run_probe", run_probe)
+    assert cli.main(_doctor_args("--select", "torch", "--json")) in (0, 1)
+    results = {r["id"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    torch_runs = [thread for module, thread in started if module == torch.PROBE]
+    assert len(torch_runs) == 1 and torch_runs[0].startswith("sm120check-torch"), started
+    assert results["torch"]["data"]["version"] == metadata.version("torch")  # judged from the real probe's answer
+
+
+def test_without_torch_in_the_venv_no_torch_probe_starts_early() -> None:
+    ctx = Context(facts=facts.NodeFacts(distributions={}))
+    assert torch.early_probe([torch.TorchCheck()], ctx) is None
+    installed = Context(facts=facts.NodeFacts(distributions={"torch": "2.14.1"}))
+    assert torch.early_probe([torch.TorchCheck()], installed) is not None
+    assert torch.early_probe([], installed) is None  # the torch check is not in the run

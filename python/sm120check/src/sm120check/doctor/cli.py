@@ -18,6 +18,7 @@ from pathlib import Path
 from sm120check import __version__, manifest
 from sm120check.doctor import child, facts, report, runner
 from sm120check.doctor.checks import all_checks, health
+from sm120check.doctor.checks import torch as torch_check
 from sm120check.doctor.model import Check, Context
 from sm120check.exitcodes import Exit
 
@@ -165,6 +166,7 @@ def _run(args: argparse.Namespace, chosen: list[Check], ctx: Context) -> int:
             timeout=ctx.timeout,
             nvml=any(c.id == "driver" for c in chosen),
             health=health.plan(chosen, ctx.gpus),
+            torch_probe=torch_check.early_probe(chosen, ctx),
         )
         results = runner.run(chosen, ctx)
     except runner.Interrupted as stopped:  # Ctrl-C or SIGTERM: the children are dead; report what finished

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from types import MappingProxyType
+from typing import TypeVar
 
 from sm120check.doctor import child
 from sm120check.doctor.health.payloads import NodeHealth
@@ -186,6 +187,18 @@ def health_facts(data: Mapping[str, object], loaded: bool) -> HealthFacts:
         return HealthFacts(loaded=loaded, problem=f"printed a malformed answer ({exc})")
 
 
+T = TypeVar("T")
+
+
+def _waited(read: T | Future[T] | None) -> T | None:
+    """A fact gathered in the background: its value, waiting for it (bounded by its probe's own timeout)."""
+    if not isinstance(read, Future):
+        return read
+    while not wait([read], timeout=0.2).done:  # woken often: a signal handler in the main thread must run
+        pass
+    return read.result()
+
+
 @dataclass(frozen=True)
 class NodeFacts:
     """The inputs several checks share, computed once. NVML's answer may still be coming when the checks start
@@ -200,26 +213,24 @@ class NodeFacts:
     flashinfer: str = ""  # flashinfer-python's version in the stack venv, "" if absent
     manifest: Manifest | None = None
     health_read: HealthFacts | Future[HealthFacts] | None = None  # None: no health check in the run (or not asked)
+    # The torch probe's outcome when it was started with the facts (the torch check is in the run): the slowest
+    # child of a level-2 run then starts before the checks, not after the results the torch check reads.
+    torch_read: child.ChildOutcome | Future[child.ChildOutcome] | None = None
+
+    @property
+    def torch_probe(self) -> child.ChildOutcome | None:
+        """The torch probe's outcome (waiting for it if it still runs); None when it was not started early."""
+        return _waited(self.torch_read)
 
     @property
     def health(self) -> HealthFacts | None:
         """What the node-health probe said (waiting for it if it still runs); None when it was not asked."""
-        read = self.health_read
-        if not isinstance(read, Future):
-            return read
-        while not wait([read], timeout=0.2).done:  # as `nvml`: a signal handler in the main thread must run
-            pass
-        return read.result()
+        return _waited(self.health_read)
 
     @property
     def nvml(self) -> NvmlFacts | None:
         """What NVML said (waiting for the probe if it still runs); None when it was not asked."""
-        read = self.nvml_read
-        if not isinstance(read, Future):
-            return read
-        while not wait([read], timeout=0.2).done:  # woken often: a signal handler in the main thread must run
-            pass
-        return read.result()
+        return _waited(self.nvml_read)
 
     @property
     def gpus(self) -> tuple[Gpu, ...] | None:
@@ -253,10 +264,18 @@ def local(manifest: Manifest | None = None, environ: Mapping[str, str] | None = 
     )
 
 
-def gather(base: NodeFacts, *, timeout: float, nvml: bool, health: HealthPlan | None = None) -> NodeFacts:
+def gather(
+    base: NodeFacts,
+    *,
+    timeout: float,
+    nvml: bool,
+    health: HealthPlan | None = None,
+    torch_probe: Callable[[], child.ChildOutcome] | None = None,
+) -> NodeFacts:
     """`base` (the local facts) with NVML asked when `nvml` and the node-health probe run when `health` is given:
     each probe starts now, in a child bounded by min(timeout, its own limit), read by a background thread, so
-    checks that need neither start at once and the two probes run beside each other and beside the checks."""
+    checks that need neither start at once and the two probes run beside each other and beside the checks.
+    `torch_probe` (the torch check's child, when that check is in the run) starts now too, for the same reason."""
     gathered = base
     if nvml:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sm120check-nvml")
@@ -265,5 +284,9 @@ def gather(base: NodeFacts, *, timeout: float, nvml: bool, health: HealthPlan | 
     if health is not None:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sm120check-health")
         gathered = replace(gathered, health_read=pool.submit(read_health, health, timeout))
+        pool.shutdown(wait=False)
+    if torch_probe is not None:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sm120check-torch")
+        gathered = replace(gathered, torch_read=pool.submit(torch_probe))
         pool.shutdown(wait=False)
     return gathered

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from sm120check import versions
 from sm120check.doctor import child, remedies, stackenv
 from sm120check.doctor.health import nccl_floor
-from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.model import Check, Context, Result, Status
 from sm120check.doctor.payloads import PayloadError
 from sm120check.doctor.payloads.torch_info import TorchInfo
 
@@ -95,6 +96,21 @@ def missing_torch_verdict(venv: str, profile: str) -> Result:
     )
 
 
+def probe(ctx: Context) -> Callable[[], child.ChildOutcome]:
+    """The torch probe in the stack venv's interpreter, bounded by the doctor's child timeout, to run now or in the
+    background with the facts (`early_probe`)."""
+    python, timeout = str(ctx.facts.venv_python), ctx.timeout
+    return lambda: child.run_probe(PROBE, timeout=timeout, python=python, env=stackenv.probe_env())
+
+
+def early_probe(chosen: Sequence[Check], ctx: Context) -> Callable[[], child.ChildOutcome] | None:
+    """The torch probe to start with the facts when the torch check is in the run and torch is installed: the
+    level-2 run's slowest child then starts before the checks instead of after `toolkit` and `driver`, whose
+    results the check reads only to judge the answer."""
+    wanted = any(c.id == TorchCheck.id for c in chosen) and "torch" in ctx.facts.distributions
+    return probe(ctx) if wanted else None
+
+
 class TorchCheck:
     """torch is a CUDA 13 build with sm_120 kernels, loads the manifest's NCCL, CUDA usable, agrees with CUDA_HOME."""
 
@@ -109,9 +125,7 @@ class TorchCheck:
         m = ctx.manifest
         if "torch" not in ctx.facts.distributions:
             return missing_torch_verdict(str(venv), m.profile if m else "")
-        outcome = child.run_probe(
-            PROBE, timeout=ctx.timeout, python=str(ctx.facts.venv_python), env=stackenv.probe_env()
-        )
+        outcome = ctx.facts.torch_probe or probe(ctx)()  # started with the facts, or here (API callers, tests)
         if not outcome.ok:
             return Result(
                 self.id,
