@@ -297,3 +297,50 @@ def test_without_torch_in_the_venv_no_torch_probe_starts_early() -> None:
     installed = Context(facts=facts.NodeFacts(distributions={"torch": "2.14.1"}))
     assert torch.early_probe([torch.TorchCheck()], installed) is not None
     assert torch.early_probe([], installed) is None  # the torch check is not in the run
+
+
+def test_a_level_2_run_starts_the_torch_probe_before_it_reads_the_venv_and_plans(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --select, torch not skipped: the probe starts before the local facts (the distributions scan) and the
+    catalogue's plan, so their time overlaps with torch's import; still one probe, judged by the torch check."""
+    events: list[str] = []
+    real_probe, real_local, real_start = child.run_probe, facts.local, facts.start
+
+    def run_probe(module: str, *args: Any, **kwargs: Any) -> child.ChildOutcome:
+        if module == torch.PROBE:
+            events.append("torch probe ran")
+        return real_probe(module, *args, **kwargs)
+
+    def start(probe: Any, name: str) -> Any:
+        events.append(f"{name} started")
+        return real_start(probe, name)
+
+    def local(*args: Any, **kwargs: Any) -> facts.NodeFacts:
+        events.append("local facts")
+        return real_local(*args, **kwargs)
+
+    monkeypatch.setattr(child, "run_probe", run_probe)
+    monkeypatch.setattr(facts, "start", start)
+    monkeypatch.setattr(facts, "local", local)
+    skip = ",".join(c.id for c in cli_checks() if c.id != "torch")
+    assert cli.main(_doctor_args("--skip", skip, "--json")) in (0, 1)
+    results = {r["id"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert events[:2] == ["torch started", "local facts"]
+    assert events.count("torch probe ran") == 1 and events.count("torch started") == 1, events
+    assert results["torch"]["data"]["version"] == metadata.version("torch")
+
+
+def test_a_usage_error_after_the_early_torch_probe_ends_it_and_children_start_again(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(_doctor_args("--skip", "no_such_check")) == 2
+    assert "no_such_check" in capsys.readouterr().err
+    assert not child.stopping()  # a later run in this process may start children
+    assert child.run_command([sys.executable, "-c", "print(1)"], timeout=30).stdout.strip() == "1"
+
+
+def cli_checks() -> list[Any]:
+    from sm120check.doctor.checks import all_checks
+
+    return list(all_checks())

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 STEP_MARK = "sm120check-step: "  # a probe's stderr line naming what it does next (see `step`)
 
@@ -91,6 +92,13 @@ def kill_all() -> None:
     for group in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
+
+
+def resume() -> None:
+    """Let children start again after kill_all, once its children are gone: for a doctor that ended one run early
+    (a usage error after a child started) inside a process that may run it again (API callers, tests)."""
+    with _CHILDREN.lock:
+        _CHILDREN.stopping = False
 
 
 def stopping() -> bool:
@@ -249,3 +257,12 @@ def emit(data: Mapping[str, object]) -> None:
     """Called by probe modules: print the result as the last stdout line."""
     sys.stdout.write(json.dumps(data, default=str) + "\n")
     sys.stdout.flush()
+
+
+def probe_env() -> dict[str, str]:
+    """Environment for a probe run by another interpreter: it can import this sm120check from source."""
+    import sm120check
+
+    src = str(Path(sm120check.__file__).resolve().parent.parent)
+    path = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": f"{src}{os.pathsep}{path}" if path else src}

@@ -13,14 +13,20 @@ import socket
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120check import __version__, manifest
-from sm120check.doctor import child, facts, report, runner
-from sm120check.doctor.checks import all_checks, health
-from sm120check.doctor.checks import torch as torch_check
-from sm120check.doctor.model import Check, Context
+from sm120check.doctor import child, facts
+from sm120check.doctor.model import Context
 from sm120check.exitcodes import Exit
+
+if TYPE_CHECKING:
+    from sm120check.doctor.model import Check
+
+# The check catalogue, the runner and the report writers are imported in `main`, after the torch probe (the slowest
+# child of a level-2 run) has started: their import (a fifth of a second) then overlaps with it.
 
 
 def seconds(text: str) -> float:
@@ -103,7 +109,8 @@ def list_checks(checks: list[Check]) -> str:
 
 
 def build_context(args: argparse.Namespace) -> Context:
-    """Read the manifest; an explicit --manifest that cannot be read is a usage error (ValueError)."""
+    """Read the manifest; an explicit --manifest that cannot be read is a usage error (ValueError). The local facts
+    (`facts.local`) are the caller's next step."""
     ctx = Context(timeout=args.timeout, jit_timeout=args.jit_timeout, facts=facts.NodeFacts())
     if args.gpus:
         try:
@@ -117,7 +124,6 @@ def build_context(args: argparse.Namespace) -> Context:
         if path is not None:
             raise ValueError(f"--manifest: {exc}") from None
         ctx.manifest_error, ctx.manifest_error_kind = str(exc), exc.kind
-    ctx.facts = facts.local(ctx.manifest)
     return ctx
 
 
@@ -126,24 +132,69 @@ def main(args: argparse.Namespace) -> int:
         return _usage(f"--timeout {args.timeout}: give a finite, positive number of seconds")
     if args.jit_timeout is not None and not (math.isfinite(args.jit_timeout) and args.jit_timeout > 0):
         return _usage(f"--jit-timeout {args.jit_timeout}: give a finite, positive number of seconds")
-    checks = all_checks()
     if args.list:
-        sys.stdout.write(list_checks(checks))
+        from sm120check.doctor.checks import all_checks
+
+        sys.stdout.write(list_checks(all_checks()))
         return Exit.OK
     try:
-        chosen = runner.plan(checks, level=args.level, select=_ids(args.select), skip=_ids(args.skip))
         ctx = build_context(args)
-    except (runner.SelectionError, ValueError) as exc:
+    except ValueError as exc:
         return _usage(str(exc))
+    early = _torch_first(args, ctx)
+    ctx.facts = facts.local(ctx.manifest)  # the stack venv's distributions: read while torch imports
+    try:
+        return _planned(args, ctx, early)
+    except BaseException:  # Ctrl-C before the signal handlers are in: the early child must not outlive the doctor
+        _end_early(early)
+        raise
+
+
+def _torch_first(args: argparse.Namespace, ctx: Context) -> Future[child.ChildOutcome] | None:
+    """Start the torch probe now when the torch check is sure to run (level >= 2, no --select, torch not skipped:
+    it has no prerequisite) and a torch package is in the stack venv; else the check starts it with the facts."""
+    if args.select or args.level < 2 or "torch" in _ids(args.skip):
+        return None
+    venv = facts.NodeFacts(venv=facts.venv_of(ctx.manifest))  # the venv alone: its distributions are read next
+    if not any((site / "torch").is_dir() for site in facts.site_packages(venv.venv)):
+        return None
+    return facts.start(facts.torch_probe(str(venv.venv_python), ctx.timeout), "torch")
+
+
+def _end_early(early: Future[child.ChildOutcome] | None) -> None:
+    """End the early torch probe (nothing else runs yet): kill it, wait for its thread (killed, it returns at once;
+    bounded anyway), then let children start again for a caller that runs the doctor again in this process."""
+    if early is None:
+        return
+    child.kill_all()
+    with contextlib.suppress(Exception):
+        early.result(timeout=10)
+    child.resume()
+
+
+def _abandon(early: Future[child.ChildOutcome] | None, code: int) -> int:
+    """A usage error after the early torch probe started: end it and return `code`."""
+    _end_early(early)
+    return code
+
+
+def _planned(args: argparse.Namespace, ctx: Context, early: Future[child.ChildOutcome] | None) -> int:
+    from sm120check.doctor import report, runner
+    from sm120check.doctor.checks import all_checks
+
+    try:
+        chosen = runner.plan(all_checks(), level=args.level, select=_ids(args.select), skip=_ids(args.skip))
+    except runner.SelectionError as exc:
+        return _abandon(early, _usage(str(exc)))
     for path in (args.junit, args.prometheus):  # now, not after minutes of checks
         if path is not None and (problem := report.output_problem(path)):
-            return _usage(f"cannot write the report: {problem}")
+            return _abandon(early, _usage(f"cannot write the report: {problem}"))
     # Ctrl-C and SIGTERM (a `timeout`, systemd, Ansible) kill every child process group and stop the run;
     # the report of what finished is still printed (exit 130 / 143). A second signal exits at once.
     on_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, runner.on_signal) for sig in _SIGNALS} if on_main else {}
     try:
-        return _run(args, chosen, ctx)
+        return _run(args, chosen, ctx, early)
     except (runner.Stopped, KeyboardInterrupt) as exc:  # outside the checks: nothing ran, or nothing to report
         return Exit.signalled(exc.signum) if isinstance(exc, runner.Stopped) else Exit.INTERRUPTED
     finally:
@@ -154,7 +205,13 @@ def main(args: argparse.Namespace) -> int:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _run(args: argparse.Namespace, chosen: list[Check], ctx: Context) -> int:
+def _run(
+    args: argparse.Namespace, chosen: list[Check], ctx: Context, early: Future[child.ChildOutcome] | None = None
+) -> int:
+    from sm120check.doctor import report, runner
+    from sm120check.doctor.checks import health
+    from sm120check.doctor.checks import torch as torch_check
+
     started_epoch = time.time()
     start = time.monotonic()
     signum = 0
@@ -166,7 +223,7 @@ def _run(args: argparse.Namespace, chosen: list[Check], ctx: Context) -> int:
             timeout=ctx.timeout,
             nvml=any(c.id == "driver" for c in chosen),
             health=health.plan(chosen, ctx.gpus),
-            torch_probe=torch_check.early_probe(chosen, ctx),
+            torch_probe=early if early is not None else torch_check.early_probe(chosen, ctx),
         )
         results = runner.run(chosen, ctx)
     except runner.Interrupted as stopped:  # Ctrl-C or SIGTERM: the children are dead; report what finished
@@ -206,4 +263,6 @@ def _run(args: argparse.Namespace, chosen: list[Check], ctx: Context) -> int:
 
 def _write(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so node_exporter never reads half a file."""
+    from sm120check.doctor import report
+
     report.write_file(path, text)

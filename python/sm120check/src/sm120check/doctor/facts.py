@@ -34,6 +34,7 @@ from sm120check.manifest import Manifest
 NVML_PROBE = "sm120check.doctor.probes.nvml_info"
 NVML_TIMEOUT = 30.0  # NVML reads take well under a second; a GPU off the bus can make nvmlInit slow, not this slow
 HEALTH_PROBE = "sm120check.doctor.probes.node_health"
+TORCH_PROBE = "sm120check.doctor.probes.torch_info"
 # At rest the probe takes well under a second; the load takes about 1.5 s of copies and 0.5 s of SM load per GPU
 # (copies stop at 2.5 s a direction even on a Gen1 x1 link): 90 s covers 8 GPUs at their slowest.
 HEALTH_TIMEOUT = 90.0
@@ -264,29 +265,39 @@ def local(manifest: Manifest | None = None, environ: Mapping[str, str] | None = 
     )
 
 
+def torch_probe(python: str, timeout: float) -> Callable[[], child.ChildOutcome]:
+    """The torch probe in `python` (the stack venv's interpreter), bounded by `timeout`: the torch check's child,
+    to run in the check or ahead of it (`start`)."""
+    return lambda: child.run_probe(TORCH_PROBE, timeout=timeout, python=python, env=child.probe_env())
+
+
+def start(probe: Callable[[], T], name: str) -> Future[T]:
+    """Run `probe` in a background thread now; the Future is what a fact holds until a check reads it."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sm120check-{name}")
+    started = pool.submit(probe)
+    pool.shutdown(wait=False)
+    return started
+
+
 def gather(
     base: NodeFacts,
     *,
     timeout: float,
     nvml: bool,
     health: HealthPlan | None = None,
-    torch_probe: Callable[[], child.ChildOutcome] | None = None,
+    torch_probe: Callable[[], child.ChildOutcome] | Future[child.ChildOutcome] | None = None,
 ) -> NodeFacts:
     """`base` (the local facts) with NVML asked when `nvml` and the node-health probe run when `health` is given:
     each probe starts now, in a child bounded by min(timeout, its own limit), read by a background thread, so
     checks that need neither start at once and the two probes run beside each other and beside the checks.
-    `torch_probe` (the torch check's child, when that check is in the run) starts now too, for the same reason."""
+    `torch_probe` (the torch check's child, when that check is in the run) starts now too, for the same reason,
+    unless it was started even earlier (a Future: the CLI starts it before it imports the check catalogue)."""
     gathered = base
     if nvml:
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sm120check-nvml")
-        gathered = replace(gathered, nvml_read=pool.submit(read_nvml, timeout))
-        pool.shutdown(wait=False)
+        gathered = replace(gathered, nvml_read=start(lambda: read_nvml(timeout), "nvml"))
     if health is not None:
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sm120check-health")
-        gathered = replace(gathered, health_read=pool.submit(read_health, health, timeout))
-        pool.shutdown(wait=False)
+        gathered = replace(gathered, health_read=start(lambda: read_health(health, timeout), "health"))
     if torch_probe is not None:
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sm120check-torch")
-        gathered = replace(gathered, torch_read=pool.submit(torch_probe))
-        pool.shutdown(wait=False)
+        early = torch_probe if isinstance(torch_probe, Future) else start(torch_probe, "torch")
+        gathered = replace(gathered, torch_read=early)
     return gathered

@@ -40,17 +40,6 @@ def site_packages(venv: Path) -> list[Path]:
     return facts.site_packages(venv)
 
 
-def probe_env() -> dict[str, str]:
-    """Environment for a probe run by another interpreter: it can import this sm120check from source."""
-    import os
-
-    import sm120check
-
-    src = str(Path(sm120check.__file__).resolve().parent.parent)
-    path = os.environ.get("PYTHONPATH", "")
-    return {"PYTHONPATH": f"{src}{os.pathsep}{path}" if path else src}
-
-
 def normalize(name: str) -> str:
     """PEP 503 name: "Flashinfer_Python" -> "flashinfer-python"."""
     return facts.normalize(name)

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from sm120check.comm import flashinfer_release, topology_parse
-from sm120check.doctor import remedies, stackenv
-from sm120check.doctor.child import ChildOutcome, run_probe
+from sm120check.doctor import remedies
+from sm120check.doctor.child import ChildOutcome, probe_env, run_probe
 from sm120check.doctor.health import nccl_floor
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu
@@ -287,7 +287,7 @@ class NcclAllreduce:
             ["--gpus", _gpu_arg(gpus), "--timeout", "55", "--correctness-only"],
             timeout=60.0,
             python=_stack(ctx)["python"],
-            env={"NCCL_P2P_DISABLE": "1", **stackenv.probe_env()},
+            env={"NCCL_P2P_DISABLE": "1", **probe_env()},
         )
         works_without_p2p = False
         if retry.ok:
@@ -501,7 +501,7 @@ class AllreduceFusion:
 
 def _stack(ctx: Context) -> dict[str, Any]:
     """Run torch probes with the stack venv's interpreter (the manifest's venv), like the torch check."""
-    return {"python": str(ctx.facts.venv_python), "env": stackenv.probe_env()}
+    return {"python": str(ctx.facts.venv_python), "env": probe_env()}
 
 
 def flashinfer_version(ctx: Context) -> str:

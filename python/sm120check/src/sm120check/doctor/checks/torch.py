@@ -6,13 +6,13 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from sm120check import versions
-from sm120check.doctor import child, remedies, stackenv
+from sm120check.doctor import child, facts, remedies
 from sm120check.doctor.health import nccl_floor
 from sm120check.doctor.model import Check, Context, Result, Status
 from sm120check.doctor.payloads import PayloadError
 from sm120check.doctor.payloads.torch_info import TorchInfo
 
-PROBE = "sm120check.doctor.probes.torch_info"
+PROBE = facts.TORCH_PROBE
 NCCL_MIN = nccl_floor.floor()  # the one floor preflight also reads (health/nccl_floor.json): without a manifest
 TORCH_PROFILE = "full"  # the shipped profile that installs torch (a manifest `profile` the torch check compares)
 
@@ -99,8 +99,7 @@ def missing_torch_verdict(venv: str, profile: str) -> Result:
 def probe(ctx: Context) -> Callable[[], child.ChildOutcome]:
     """The torch probe in the stack venv's interpreter, bounded by the doctor's child timeout, to run now or in the
     background with the facts (`early_probe`)."""
-    python, timeout = str(ctx.facts.venv_python), ctx.timeout
-    return lambda: child.run_probe(PROBE, timeout=timeout, python=python, env=stackenv.probe_env())
+    return facts.torch_probe(str(ctx.facts.venv_python), ctx.timeout)
 
 
 def early_probe(chosen: Sequence[Check], ctx: Context) -> Callable[[], child.ChildOutcome] | None:
