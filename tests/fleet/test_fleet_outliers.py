@@ -365,3 +365,27 @@ def test_a_fleet_without_figures_renders_as_before() -> None:
     for fmt in ("table", "md"):
         text = render.render(fleet, fmt)
         assert "outlier" not in text.lower()
+
+
+REAL_H200_LEVEL2: dict[str, Any] = json.loads((FIXTURES / "h200-level2-health.json").read_text(encoding="utf-8"))
+
+
+def test_the_real_health_checks_data_reads_as_figures_and_a_slow_node_is_flagged(tmp_path: Path) -> None:
+    """The doctor's own level-2 report from the H200 (docs/validation/2026-12-01-h200-health-checks), four copies,
+    one with its copy bandwidth and link as a GPU in a x8 slot would give: the figures the real checks write are read
+    (not only the shape this file builds) and that node alone is flagged."""
+    nodes = {}
+    for host in ("h1", "h2", "h3", "h4"):
+        doc = copy.deepcopy(REAL_H200_LEVEL2)
+        doc["host"] = host
+        if host == "h3":
+            result(doc, "gpu_copy_bandwidth")["data"]["gpus"][0].update(h2d_gbps=27.1, d2h_gbps=27.3)
+            result(doc, "pcie_link")["data"]["gpus"][0]["width"] = 8
+        nodes[host] = json.dumps(doc)
+    fleet = load(fleet_of(tmp_path, nodes))
+    assert sorted(flagged(fleet)) == [
+        ("h3", 0, "gpu_copy_bandwidth.d2h_gbps"),
+        ("h3", 0, "gpu_copy_bandwidth.h2d_gbps"),
+        ("h3", 0, "pcie_link.width"),
+    ]
+    assert not fleet.review.ignored, fleet.review.ignored  # every real figure parsed
