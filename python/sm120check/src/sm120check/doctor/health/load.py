@@ -109,6 +109,26 @@ def held_context(cuda: Cuda, dev: int) -> Iterator[None]:
         cuda.release("cuDevicePrimaryCtxRelease_v2", dev)
 
 
+Held = tuple[str, "ctypes.c_void_p | ctypes.c_ulonglong"]  # (the CUDA call that frees it, the handle)
+
+
+def _event(event: ctypes.c_void_p) -> Held:
+    return ("cuEventDestroy_v2", event)
+
+
+def _clean_up(cuda: Cuda, stop: threading.Event, sampler: threading.Thread, retained: int | None, *held: Held) -> None:
+    """End a load: stop its NVML sampler, free what it allocated (handles still 0 were never made), and release
+    the primary context of device `retained` when the load retained it."""
+    stop.set()
+    if sampler.is_alive():
+        sampler.join(timeout=1.0)
+    for func, handle in held:
+        if handle.value:
+            cuda.release(func, handle)
+    if retained is not None:
+        cuda.release("cuDevicePrimaryCtxRelease_v2", retained)
+
+
 def _sampler(nvml: Nvml, handle: ctypes.c_void_p, stop: threading.Event, seen: list[LinkSample]) -> None:
     while not stop.is_set():
         sample = nvml.link_sample(handle)
@@ -181,18 +201,16 @@ def measure(
     except CudaCallFailed as exc:
         error = str(exc)
     finally:
-        stop.set()
-        if sampler.is_alive():
-            sampler.join(timeout=1.0)
-        for event in (start, end):
-            if event.value:
-                cuda.release("cuEventDestroy_v2", event)
-        if hptr.value:
-            cuda.release("cuMemFreeHost", hptr)
-        if dptr.value:
-            cuda.release("cuMemFree_v2", dptr)
-        if retained:
-            cuda.release("cuDevicePrimaryCtxRelease_v2", dev)
+        _clean_up(
+            cuda,
+            stop,
+            sampler,
+            dev if retained else None,
+            _event(start),
+            _event(end),
+            ("cuMemFreeHost", hptr),
+            ("cuMemFree_v2", dptr),
+        )
     return LoadResult(
         h2d_gbps=round(statistics.median(h2d), 2) if h2d else None,
         d2h_gbps=round(statistics.median(d2h), 2) if d2h else None,
@@ -373,16 +391,14 @@ def spin(
     except (CudaCallFailed, NvrtcError) as exc:
         error = str(exc)
     finally:
-        stop.set()
-        if sampler.is_alive():
-            sampler.join(timeout=1.0)
-        for event in (start, end):
-            if event.value:
-                cuda.release("cuEventDestroy_v2", event)
-        if out.value:
-            cuda.release("cuMemFree_v2", out)
-        if module.value:
-            cuda.release("cuModuleUnload", module)
-        if retained:
-            cuda.release("cuDevicePrimaryCtxRelease_v2", dev)
+        _clean_up(
+            cuda,
+            stop,
+            sampler,
+            dev if retained else None,
+            _event(start),
+            _event(end),
+            ("cuMemFree_v2", out),
+            ("cuModuleUnload", module),
+        )
     return ComputeLoad(round(seconds, 3), iterations, blocks, THREADS, arch, tuple(seen), error)
