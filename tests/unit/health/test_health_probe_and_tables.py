@@ -3,17 +3,28 @@ config names for each RTX PRO 6000 edition."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from sm120check.doctor.health import nccl_floor, sglang_configs
+import pytest
+
+from lab.sglang_releases import release_dir
+from sm120check.doctor.health import nccl_floor, sglang_configs, verdicts
 from sm120check.doctor.health.load import pci_key
-from sm120check.doctor.health.payloads import NodeHealth
+from sm120check.doctor.health.payloads import GpuHealth, NodeHealth
 
 SRC = Path(__file__).resolve().parents[3] / "python" / "sm120check" / "src"
+RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "health" / "h200-2026-12-01-busy.json"
+
+
+def gpu_named(name: str) -> GpuHealth:
+    """The GPU recorded on the H200 under another product name (the edition is all gpu_product reads)."""
+    recorded = NodeHealth.from_json(json.loads(RECORDED.read_text(encoding="utf-8"))).gpus[0]
+    return dataclasses.replace(recorded, name=name)
 
 
 def test_probe_without_nvml_prints_a_payload_saying_why() -> None:
@@ -65,12 +76,22 @@ def test_sglang_device_names_per_edition(tmp_path: Path) -> None:
     assert workstation.files == () and workstation.searched
 
 
-def test_installed_sglang_tree_if_present() -> None:
-    tree = Path("/work/main/.cache/sglang/0.5.23/sglang")
-    if not tree.is_dir():
-        return
-    found = sglang_configs.find(str(tree), "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition")
-    assert any("triton_3_5_1" in f for f in found.files)
+@pytest.mark.slow  # may download the sglang 0.5.23 wheel once (pip's configured index) into .cache/sglang
+def test_sglang_0_5_23_ships_tuned_configs_for_max_q_and_server_editions_but_not_the_workstation_edition() -> None:
+    """The real release tree: the editions' exact names decide what SGLang finds (Max-Q and Server have files under
+    their own names; the Workstation Edition, the commonest card, none: the verdict warns and names device_name)."""
+    tree = str(release_dir("0.5.23") / "sglang")
+    max_q = sglang_configs.find(tree, "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition")
+    assert len(max_q.files) == 4 and any("triton_3_5_1" in f for f in max_q.files), max_q.files
+    server = sglang_configs.find(tree, "NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    assert len(server.files) == 2, server.files
+    workstation = sglang_configs.find(tree, "NVIDIA RTX PRO 6000 Blackwell Workstation Edition")
+    assert workstation.files == ()
+    verdict = verdicts.gpu_product([gpu_named("NVIDIA RTX PRO 6000 Blackwell Workstation Edition")], workstation)
+    assert verdict.status == verdicts.WARN
+    assert "device_name=NVIDIA_RTX_PRO_6000_Blackwell_Workstation_Edition" in verdict.summary
+    passed = verdicts.gpu_product([gpu_named("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition")], max_q)
+    assert passed.status == verdicts.PASS and "4 tuned configs" in passed.summary
 
 
 def test_pci_keys_match_across_nvml_cuda_and_xid_forms() -> None:
