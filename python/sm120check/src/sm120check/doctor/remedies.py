@@ -260,3 +260,24 @@ COMM_FUSION_JIT_TIMEOUT = f"warm FlashInfer's JIT cache: {FLASHINFER_JIT}; or ra
 COMM_FUSION_FAILED = "see the details; serve without allreduce fusion meanwhile"
 COMM_FUSION_WRONG = "report to FlashInfer with this output; serve unfused"
 COMM_FUSION_COLD = f"warm FlashInfer's JIT cache at provisioning, so servers start without compiling: {FLASHINFER_JIT}"
+
+
+# peer copies between GPUs (checks/peer.py, health/verdicts.py): the links and P2P of the node's GPUs together
+PEER_BANDWIDTH = (
+    "check both GPUs' `pcie_link` and `gpu_copy_bandwidth` verdicts (a link trained below its maximum), then the "
+    "`topology` check: IOMMU translation (boot with iommu=pt) or ACS redirection on the switch ports sends peer "
+    "traffic up to the root complex"
+)
+PEER_NO_P2P = (
+    "the `topology` check says why P2P is off between these GPUs (a GeForce driver, IOMMU translation, ACS "
+    "redirection, GPUs on different CPU sockets) and what fixes it"
+)
+PEER_TIMEOUT = "raise --timeout: a pair takes about half a second, and N GPUs make N x (N - 1) ordered pairs"
+
+
+def peer_probe(gpus: str) -> str:
+    """The peer-copy probe failed or died: run it by hand for the failing CUDA call."""
+    return (
+        f"run `python -m sm120check.doctor.probes.peer_bandwidth --gpus {gpus}` by hand for the failing step or CUDA "
+        "call; check `gpu_xid` for Xids logged meanwhile"
+    )

@@ -19,6 +19,7 @@ from sm120check.doctor.checks import (
     health,
     nvrtc,
     nvrtc_launch,
+    peer,
     platform,
     sglang,
     sglang_comm,
@@ -30,6 +31,7 @@ from sm120check.doctor.model import Check
 
 # Report order. `sglang` (SGLang SM120 source scan), `comm` (level-3 communication) and `sglang_comm` (SGLang's
 # own level-3 code) and `health` (node health) are owned by their own modules; keep their entries when editing.
+# `peer` (level-3 copies between GPU pairs, family `comm`) reports right before the other `comm` checks.
 MODULES: tuple[ModuleType, ...] = (
     platform,
     driver,
@@ -42,6 +44,7 @@ MODULES: tuple[ModuleType, ...] = (
     stack,
     sglang,
     flashinfer_jit,
+    peer,
     comm,
     sglang_comm,
     health,

@@ -37,7 +37,8 @@ def health_of(ctx: Context, load: bool) -> facts.HealthFacts:
     return facts.read_health(facts.HealthPlan(load=load, gpus=ctx.gpus), ctx.timeout)
 
 
-def _result(verdict: verdicts.Verdict, data: dict[str, object]) -> Result:
+def as_result(verdict: verdicts.Verdict, data: dict[str, object]) -> Result:
+    """A health Verdict as the doctor's Result (its remedy is a value of doctor/remedies.py, set in verdicts.py)."""
     return Result(
         verdict.id, Status(verdict.status), verdict.summary, verdict.details, remedy=verdict.remedy, data=data
     )
@@ -81,7 +82,7 @@ class _PerGpu:
         health = answer.health
         empty = f"no GPU readings: {health.nvml_error}" if health.nvml_error else "no GPU to judge"
         verdict = verdicts.combine(self.id, [self.verdict(g) for g in health.gpus], empty)
-        return _result(verdict, {"gpus": [self.row(g) for g in health.gpus]})
+        return as_result(verdict, {"gpus": [self.row(g) for g in health.gpus]})
 
 
 class PcieLinkCheck(_PerGpu):
@@ -267,7 +268,7 @@ class XidCheck:
             for (n, pci), c in counts.items()
         ]
         data: dict[str, object] = {"source": log.source, "lines": log.lines, "events": events, "count": len(log.events)}
-        return _result(verdicts.xid(log), data)
+        return as_result(verdicts.xid(log), data)
 
 
 def sglang_dir(ctx: Context) -> str:
@@ -307,7 +308,7 @@ class ProductCheck:
             "tuned_configs": len(configs.files) if configs is not None else None,
             "sglang": where,
         }
-        return _result(verdict, data)
+        return as_result(verdict, data)
 
 
 CHECKS = (

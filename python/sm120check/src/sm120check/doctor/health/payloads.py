@@ -419,3 +419,121 @@ class NodeHealth:
             f.text("nvml_error"),
             f.text("load_error"),
         )
+
+
+# ---- peer copies between GPUs (probes/peer_bandwidth.py, the level-3 check gpu_peer_bandwidth) ------------------
+
+PEER_PROBE = "peer_bandwidth"
+PEER_NOT_MEASURED = "not measured"  # how a pair's error starts when the probe's time ran out before it
+
+
+@dataclass(frozen=True)
+class PeerLink:
+    """One selected GPU's maximum PCIe link as NVML reads it (None: NVML could not; `status` says why)."""
+
+    index: int  # NVML index
+    bus_id: str  # NVML's form, "00000000:3B:00.0"
+    gen_max: int | None
+    width_max: int | None
+    status: str = OK
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "index": self.index,
+            "bus_id": self.bus_id,
+            "gen_max": self.gen_max,
+            "width_max": self.width_max,
+            "status": self.status,
+        }
+
+    @classmethod
+    def from_json(cls, f: Fields) -> PeerLink:
+        return cls(
+            f.integer("index"),
+            f.text("bus_id"),
+            f.maybe_integer("gen_max"),
+            f.maybe_integer("width_max"),
+            f.text("status"),
+        )
+
+
+@dataclass(frozen=True)
+class PeerPair:
+    """Copies from GPU `src` to GPU `dst` (NVML indices) with cuMemcpyPeerAsync: the median GB/s of `repeats` copies
+    of `size_bytes`, the median time of small copies. `p2p` False: no peer access, the driver staged the copies
+    through host memory. `error` set: a CUDA call failed (the figures it did not reach are None)."""
+
+    src: int
+    dst: int
+    src_bus: str
+    dst_bus: str
+    p2p: bool
+    gbps: float | None
+    latency_us: float | None
+    access: str = ""  # how peer access went: "enabled", "already enabled", "cuDeviceCanAccessPeer says no", ...
+    nvlink: bool | None = None  # NVML: the pair talks over NVLink (None: NVML could not say)
+    repeats: int = 0
+    size_bytes: int = 0
+    error: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "src": self.src,
+            "dst": self.dst,
+            "src_bus": self.src_bus,
+            "dst_bus": self.dst_bus,
+            "p2p": self.p2p,
+            "gbps": self.gbps,
+            "latency_us": self.latency_us,
+            "access": self.access,
+            "nvlink": self.nvlink,
+            "repeats": self.repeats,
+            "size_bytes": self.size_bytes,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_json(cls, f: Fields) -> PeerPair:
+        return cls(
+            f.integer("src"),
+            f.integer("dst"),
+            f.text("src_bus"),
+            f.text("dst_bus"),
+            f.flag("p2p"),
+            f.maybe_number("gbps"),
+            f.maybe_number("latency_us"),
+            f.text("access"),
+            f.maybe_flag("nvlink"),
+            f.integer("repeats"),
+            f.integer("size_bytes"),
+            f.text("error"),
+        )
+
+
+@dataclass(frozen=True)
+class PeerAnswer:
+    """The peer probe's whole answer: every ordered pair of the selected GPUs and each GPU's link. `error` set: the
+    probe could not measure at all (NVML or libcuda did not load, cuInit failed, a GPU hidden from CUDA)."""
+
+    pairs: tuple[PeerPair, ...]
+    links: tuple[PeerLink, ...]
+    latency_bytes: int = 4
+    error: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "pairs": [p.to_json() for p in self.pairs],
+            "links": [link.to_json() for link in self.links],
+            "latency_bytes": self.latency_bytes,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> PeerAnswer:
+        f = Fields(PEER_PROBE, data)
+        return cls(
+            tuple(PeerPair.from_json(p) for p in f.objects("pairs")),
+            tuple(PeerLink.from_json(link) for link in f.objects("links")),
+            f.integer("latency_bytes"),
+            f.text("error"),
+        )

@@ -6,12 +6,20 @@ Thresholds that are our choice say so in their constant's comment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sm120check.doctor import remedies
 from sm120check.doctor.health import xid as xid_catalogue
-from sm120check.doctor.health.payloads import GpuHealth, KernelLog, Reading
+from sm120check.doctor.health.payloads import (
+    PEER_NOT_MEASURED,
+    GpuHealth,
+    KernelLog,
+    PeerAnswer,
+    PeerLink,
+    PeerPair,
+    Reading,
+)
 from sm120check.doctor.health.sglang_configs import TunedConfigs
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
@@ -474,3 +482,126 @@ def gpu_product(gpus: Sequence[GpuHealth], configs: TunedConfigs | None) -> Verd
         details,
         remedies.TUNED_CONFIGS,
     )
+
+
+# ---- peer copies between GPUs (level 3: checks/peer.py) ----------------------------------------------------------
+
+# Our floors for P2P copies over PCIe: the same fractions as host copies (BANDWIDTH_*_FRACTION) of the raw rate of the
+# slower of the two GPUs' maximum links (a peer copy crosses both). No floor over NVLink, none without P2P (the
+# driver stages those copies through host memory: a warning of its own), none for latency (reported only).
+PEER_WARN_FRACTION = BANDWIDTH_WARN_FRACTION
+PEER_FAIL_FRACTION = BANDWIDTH_FAIL_FRACTION
+
+
+def peer_pcie_raw(pair: PeerPair, links: Mapping[int, PeerLink]) -> tuple[float, str] | None:
+    """The raw one-direction rate of the slower of the pair's two maximum PCIe links, and which link that is; None
+    when NVML gave no maximum link for either GPU."""
+    rates = []
+    for index in (pair.src, pair.dst):
+        link = links.get(index)
+        if link is None or link.gen_max is None or link.width_max is None:
+            return None
+        rates.append((link_gbps(link.gen_max, link.width_max), f"GPU {index}'s {_link(link.gen_max, link.width_max)}"))
+    return min(rates)
+
+
+def peer_over_nvlink(pair: PeerPair, links: Mapping[int, PeerLink]) -> bool:
+    """NVML says the pair talks over NVLink, or the copies beat what PCIe can carry."""
+    raw = peer_pcie_raw(pair, links)
+    return bool(pair.nvlink) or (raw is not None and pair.gbps is not None and pair.gbps > raw[0])
+
+
+def peer_floor_gbps(pair: PeerPair, links: Mapping[int, PeerLink]) -> float | None:
+    """The warn floor of a P2P pair over PCIe (PEER_WARN_FRACTION of the slower link); None where none applies."""
+    raw = peer_pcie_raw(pair, links)
+    if not pair.p2p or raw is None or peer_over_nvlink(pair, links):
+        return None
+    return round(raw[0] * PEER_WARN_FRACTION, 2)
+
+
+def _opt_us(value: float | None) -> str:
+    return f"{value:.1f} us" if value is not None else "(not measured)"
+
+
+def peer_pair(pair: PeerPair, links: Mapping[int, PeerLink], latency_bytes: int = 4) -> Verdict:
+    """One ordered pair: copies from `src` to `dst` against the floor derived from their links."""
+    vid = "gpu_peer_bandwidth"
+    g = f"GPU {pair.src} -> {pair.dst}"
+    nvlink = {True: "yes", False: "no", None: "unknown"}[pair.nvlink]
+    details = (
+        f"{g} ({pair.src_bus} -> {pair.dst_bus}): {pair.gbps} GB/s (median of {pair.repeats} x "
+        f"{pair.size_bytes >> 20} MiB), {latency_bytes}-byte copies {_opt_us(pair.latency_us)} (median); peer access "
+        f"{pair.access or '(not tried)'}; NVLink per NVML {nvlink}"
+    )
+    if pair.error:
+        details += f"; {pair.error}"
+    if pair.gbps is None:
+        if pair.error.startswith(PEER_NOT_MEASURED):
+            return Verdict(vid, WARN, f"{g}: {pair.error}", details, remedies.PEER_TIMEOUT)
+        why = pair.error or "no copy was timed"
+        return Verdict(
+            vid, FAIL, f"{g}: the peer copy failed: {why}", details, remedies.peer_probe(f"{pair.src},{pair.dst}")
+        )
+    latency = f", latency {_opt_us(pair.latency_us)}"
+    if not pair.p2p:
+        return Verdict(
+            vid,
+            WARN,
+            f"{g}: no P2P: copies staged through the host, {pair.gbps:.1f} GB/s (the `topology` check says why)",
+            details,
+            remedies.PEER_NO_P2P,
+        )
+    raw = peer_pcie_raw(pair, links)
+    if peer_over_nvlink(pair, links):
+        how = "NVLink per NVML" if pair.nvlink else "above the PCIe raw rate: NVLink"
+        return Verdict(vid, PASS, f"{g}: {pair.gbps:.1f} GB/s P2P ({how}, no PCIe floor){latency}", details)
+    if raw is None:
+        status = next((link.status for i in (pair.src, pair.dst) if (link := links.get(i)) and link.status != "ok"), "")
+        return Verdict(
+            vid,
+            SKIP,
+            f"{g}: {pair.gbps:.1f} GB/s P2P; no floor: NVML gives no maximum link ({status or 'not read'})",
+            details,
+        )
+    rate, which = raw
+    warn_floor, fail_floor = rate * PEER_WARN_FRACTION, rate * PEER_FAIL_FRACTION
+    details += (
+        f"; floor from the slower link, {which}: raw {rate:.1f} GB/s, warn below {PEER_WARN_FRACTION:.0%} "
+        f"({warn_floor:.1f} GB/s), fail below {PEER_FAIL_FRACTION:.0%} ({fail_floor:.1f} GB/s)"
+    )
+    share = f"{pair.gbps / rate:.0%} of {which} raw {rate:.1f} GB/s"
+    if pair.gbps >= warn_floor:
+        return Verdict(vid, PASS, f"{g}: {pair.gbps:.1f} GB/s P2P over PCIe ({share}){latency}", details)
+    return Verdict(
+        vid,
+        FAIL if pair.gbps < fail_floor else WARN,
+        f"{g}: {pair.gbps:.1f} GB/s P2P is below {warn_floor:.1f} GB/s ({PEER_WARN_FRACTION:.0%} of {which}: {share})",
+        details,
+        remedies.PEER_BANDWIDTH,
+    )
+
+
+def peer_bandwidth(answer: PeerAnswer) -> Verdict:
+    """Every ordered pair judged, folded into one verdict: the worst status, its pairs in the summary."""
+    vid = "gpu_peer_bandwidth"
+    links = {link.index: link for link in answer.links}
+    verdicts = [peer_pair(p, links, answer.latency_bytes) for p in answer.pairs]
+    if answer.error:  # libcuda or NVML did not load: no pair was measured
+        details = "\n".join(v.details for v in verdicts)
+        return Verdict(vid, FAIL, f"the peer-copy probe could not measure: {answer.error}", details)
+    if not verdicts:
+        return Verdict(vid, SKIP, "no GPU pair to measure")
+    worst = max(_RANK[v.status] for v in verdicts)
+    status = next(s for s, r in _RANK.items() if r == worst)
+    bad = [v for v in verdicts if v.status == status]
+    details = "\n".join(v.details for v in verdicts)
+    if status == PASS:
+        rates = [p.gbps for p in answer.pairs if p.gbps is not None]
+        waits = [p.latency_us for p in answer.pairs if p.latency_us is not None]
+        spread = f"{min(rates):.1f}-{max(rates):.1f} GB/s" if len(set(rates)) > 1 else f"{rates[0]:.1f} GB/s"
+        waited = f", latency {min(waits):.1f}-{max(waits):.1f} us" if waits else ""
+        summary = f"{len(verdicts)} ordered GPU pairs, P2P {spread}{waited}"
+        return Verdict(vid, PASS, summary if len(verdicts) > 1 else bad[0].summary, details)
+    listed = "; ".join(v.summary for v in bad)
+    summary = bad[0].summary if len(bad) == 1 else f"{len(bad)} of {len(verdicts)} pairs: {listed}"
+    return Verdict(vid, status, summary, details, remedies.all_of(*(v.remedy for v in bad)))

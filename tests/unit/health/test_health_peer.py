@@ -1,0 +1,318 @@
+"""gpu_peer_bandwidth (level 3): the peer probe's payload read strictly, the per-pair verdicts and their link-derived
+floors, the copy loop's bookkeeping with a stand-in for libcuda (this machine has no GPU, let alone two), the check
+skipping with one GPU, and the real probe and doctor on this GPU-less machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from sm120check.doctor import facts, remedies
+from sm120check.doctor.checks import all_checks
+from sm120check.doctor.checks import peer as peer_check
+from sm120check.doctor.health import load, peer, verdicts
+from sm120check.doctor.health.payloads import PeerAnswer, PeerLink, PeerPair
+from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.nvml_api import Gpu, NvmlInfo
+from sm120check.doctor.payloads import PayloadError
+
+GUARD_S = 120  # hang guard for the real doctor run: it takes a few seconds here
+BUS = ("00000000:01:00.0", "00000000:02:00.0")
+
+
+def link(index: int, gen: int | None = 5, width: int | None = 16, status: str = "ok") -> PeerLink:
+    return PeerLink(index, BUS[index], gen, width, status)
+
+
+def pair(gbps: float | None, *, p2p: bool = True, nvlink: bool | None = False, error: str = "") -> PeerPair:
+    return PeerPair(0, 1, BUS[0], BUS[1], p2p, gbps, 9.5, "enabled", nvlink, 12, 64 << 20, error)
+
+
+def gen5_pair() -> dict[int, PeerLink]:
+    return {0: link(0), 1: link(1)}
+
+
+# ---- payload -----------------------------------------------------------------------------------------------------
+
+
+def test_the_answer_round_trips_through_json() -> None:
+    answer = PeerAnswer(
+        (pair(50.0), dataclasses.replace(pair(None, p2p=False, nvlink=None, error="x"), src=1, dst=0)),
+        (link(0), link(1, None, None, "not supported")),
+        4,
+    )
+    assert PeerAnswer.from_json(json.loads(json.dumps(answer.to_json()))) == answer
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda d: d["pairs"][0].update(p2p="yes"), "peer_bandwidth: pairs[0].p2p: expected true or false"),
+        (lambda d: d["pairs"][0].update(gbps="50"), "peer_bandwidth: pairs[0].gbps: expected a number"),
+        (lambda d: d["pairs"][0].pop("src"), "peer_bandwidth: pairs[0].src: missing"),
+        (lambda d: d["links"][0].update(gen_max=5.5), "peer_bandwidth: links[0].gen_max: expected an integer"),
+        (lambda d: d.pop("links"), "peer_bandwidth: links: missing"),
+        (lambda d: d.update(pairs={}), "peer_bandwidth: pairs: expected a list"),
+    ],
+)
+def test_a_malformed_answer_names_the_field(change: Any, named: str) -> None:
+    data: dict[str, Any] = PeerAnswer((pair(50.0),), (link(0), link(1))).to_json()
+    change(data)
+    with pytest.raises(PayloadError) as raised:
+        PeerAnswer.from_json(data)
+    assert str(raised.value).startswith(named), str(raised.value)
+
+
+# ---- verdicts ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("gbps", "status"), [(50.0, "pass"), (30.0, "warn"), (15.0, "fail")])
+def test_a_gen5_x16_pair_is_judged_against_its_link(gbps: float, status: str) -> None:
+    verdict = verdicts.peer_pair(pair(gbps), gen5_pair())
+    assert verdict.status == status, verdict.summary
+    assert verdict.summary.startswith("GPU 0 -> 1: ")
+    assert "raw 63.0 GB/s" in verdict.details
+    assert verdicts.peer_floor_gbps(pair(gbps), gen5_pair()) == pytest.approx(63.02 * 0.70, abs=0.01)
+    if status != "pass":
+        assert verdict.remedy == remedies.PEER_BANDWIDTH and "below 44.1 GB/s" in verdict.summary
+
+
+def test_a_gen4_and_a_gen5_gpu_floor_at_the_gen4_rate() -> None:
+    links = {0: link(0, 4, 16), 1: link(1, 5, 16)}
+    verdict = verdicts.peer_pair(pair(25.0), links)  # below 40 % of Gen5 x16, above 70 % of Gen4 x16
+    assert verdict.status == "pass", verdict.summary
+    assert "GPU 0's Gen4 x16" in verdict.summary
+    assert verdicts.peer_floor_gbps(pair(25.0), links) == pytest.approx(31.51 * 0.70, abs=0.01)
+    assert verdicts.peer_pair(pair(20.0), links).status == "warn"
+
+
+def test_without_p2p_the_copies_are_staged_through_the_host_and_warned() -> None:
+    staged = pair(9.8, p2p=False)
+    verdict = verdicts.peer_pair(staged, gen5_pair())
+    assert verdict.status == "warn"
+    assert verdict.summary == (
+        "GPU 0 -> 1: no P2P: copies staged through the host, 9.8 GB/s (the `topology` check says why)"
+    )
+    assert verdict.remedy == remedies.PEER_NO_P2P
+    assert verdicts.peer_floor_gbps(staged, gen5_pair()) is None
+
+
+def test_nvlink_pairs_get_no_pcie_floor() -> None:
+    by_nvml = pair(20.0, nvlink=True)  # below the PCIe warn floor, but the pair is NVLink: report only
+    assert verdicts.peer_pair(by_nvml, gen5_pair()).status == "pass"
+    assert verdicts.peer_floor_gbps(by_nvml, gen5_pair()) is None
+    faster = pair(150.0, nvlink=None)  # NVML could not say, but no PCIe link carries 150 GB/s
+    verdict = verdicts.peer_pair(faster, gen5_pair())
+    assert verdict.status == "pass" and "above the PCIe raw rate: NVLink" in verdict.summary
+    assert verdicts.peer_floor_gbps(faster, gen5_pair()) is None
+
+
+def test_a_failed_pair_fails_naming_the_pair() -> None:
+    failed = pair(None, error="cuMemAlloc_v2 returned CUDA_ERROR_OUT_OF_MEMORY")
+    verdict = verdicts.peer_pair(failed, gen5_pair())
+    assert verdict.status == "fail"
+    assert verdict.summary == "GPU 0 -> 1: the peer copy failed: cuMemAlloc_v2 returned CUDA_ERROR_OUT_OF_MEMORY"
+    assert verdict.remedy == remedies.peer_probe("0,1")
+
+
+def test_a_pair_the_time_limit_left_out_warns_to_raise_the_timeout() -> None:
+    left_out = pair(None, error="not measured: the probe's time limit would pass first (up to 4 s a pair)")
+    verdict = verdicts.peer_pair(left_out, gen5_pair())
+    assert verdict.status == "warn" and verdict.remedy == remedies.PEER_TIMEOUT
+
+
+def test_without_a_maximum_link_there_is_no_floor() -> None:
+    links = {0: link(0, None, None, "not supported"), 1: link(1)}
+    verdict = verdicts.peer_pair(pair(20.0), links)
+    assert verdict.status == "skip" and "not supported" in verdict.summary
+
+
+def test_the_node_verdict_is_the_worst_pair_and_lists_the_bad_ones() -> None:
+    back = dataclasses.replace(pair(15.0), src=1, dst=0, src_bus=BUS[1], dst_bus=BUS[0])
+    answer = PeerAnswer((pair(50.0), back), (link(0), link(1)))
+    verdict = verdicts.peer_bandwidth(answer)
+    assert verdict.status == "fail" and verdict.summary.startswith("GPU 1 -> 0: 15.0 GB/s P2P is below")
+    assert "GPU 0 -> 1" in verdict.details and "GPU 1 -> 0" in verdict.details
+    fine = verdicts.peer_bandwidth(PeerAnswer((pair(50.0), dataclasses.replace(back, gbps=52.0)), answer.links))
+    assert fine.status == "pass" and fine.summary == "2 ordered GPU pairs, P2P 50.0-52.0 GB/s, latency 9.5-9.5 us"
+    unmeasured = verdicts.peer_bandwidth(PeerAnswer((), (), error="libcuda.so.1 does not load"))
+    assert unmeasured.status == "fail" and "libcuda.so.1 does not load" in unmeasured.summary
+
+
+def test_the_result_data_per_pair() -> None:
+    answer = PeerAnswer((pair(50.0), dataclasses.replace(pair(9.8, p2p=False), src=1, dst=0)), (link(0), link(1)))
+    result = peer_check.judge_peer(answer)
+    assert result.status is Status.WARN and result.family == "comm" and result.level == 3
+    assert result.data == {
+        "pairs": [
+            {"src": 0, "dst": 1, "p2p": True, "gbps": 50.0, "latency_us": 9.5, "floor_gbps": 44.11},
+            {"src": 1, "dst": 0, "p2p": False, "gbps": 9.8, "latency_us": 9.5, "floor_gbps": None},
+        ]
+    }
+    json.dumps(result.data)
+
+
+# ---- the copy loop, with a stand-in for libcuda -------------------------------------------------------------------
+
+
+class StandInCuda(load.Cuda):
+    """Stand-in for libcuda (this machine has no GPU): a 64 MiB copy 'takes' 5 ms, a small one 10 us; peer access
+    as `can_access` and `already` say; `fail_at` names a call that returns an error."""
+
+    def __init__(self, can_access: bool = True, already: bool = False, fail_at: str = "") -> None:
+        super().__init__(lib=None)  # type: ignore[arg-type]
+        self.can_access, self.already, self.fail_at = can_access, already, fail_at
+        self.calls: list[str] = []
+        self.copied = 0
+        self.handles = 0x1000
+
+    def call(self, func: str, *args: Any) -> None:
+        self.calls.append(func)
+        if func == self.fail_at:
+            raise load.CudaCallFailed(f"{func} returned CUDA_ERROR_OUT_OF_MEMORY")
+        if func == "cuCtxEnablePeerAccess" and self.already:
+            raise load.CudaCallFailed(f"{func} returned {peer.ALREADY_ENABLED}")
+        if func in ("cuDevicePrimaryCtxRetain", "cuMemAlloc_v2", "cuStreamCreate", "cuEventCreate"):
+            self.handles += 0x100
+            args[0]._obj.value = self.handles
+        if func == "cuDeviceCanAccessPeer":
+            args[0]._obj.value = int(self.can_access)
+        if func == "cuMemcpyPeerAsync":
+            self.copied = args[4].value
+        if func == "cuEventElapsedTime":
+            args[0]._obj.value = 5.0 if self.copied > 4096 else 0.01
+
+
+FAST = peer.Settings(busy_s=0.0, limit_s=5.0, latency_copies=20, latency_limit_s=5.0)
+GPUS = (peer.PeerGpu(0, BUS[0], 0), peer.PeerGpu(1, BUS[1], 1))
+
+
+def test_a_p2p_pair_is_timed_and_everything_it_made_is_released() -> None:
+    cuda = StandInCuda()
+    got = peer.measure_pair(cuda, *GPUS, nvlink=False, settings=FAST)
+    assert got.error == "" and got.p2p and got.access == "enabled"
+    assert got.gbps == pytest.approx((64 << 20) / 0.005 / 1e9, abs=0.01) and got.repeats == 3
+    assert got.latency_us == pytest.approx(10.0)
+    assert cuda.calls.count("cuCtxEnablePeerAccess") == 2 and cuda.calls.count("cuCtxDisablePeerAccess") == 2
+    for freed, times in (("cuMemFree_v2", 2), ("cuEventDestroy_v2", 2), ("cuStreamDestroy_v2", 1)):
+        assert cuda.calls.count(freed) == times, freed
+    assert cuda.calls.count("cuDevicePrimaryCtxRelease_v2") == cuda.calls.count("cuDevicePrimaryCtxRetain") == 2
+
+
+def test_without_peer_access_the_copies_still_run_and_say_no_p2p() -> None:
+    cuda = StandInCuda(can_access=False)
+    got = peer.measure_pair(cuda, *GPUS, settings=FAST)
+    assert not got.p2p and got.gbps is not None and got.error == ""
+    assert got.access == "cuDeviceCanAccessPeer: GPU 0 -> 1 no, 1 -> 0 no"
+    assert "cuCtxEnablePeerAccess" not in cuda.calls and "cuMemcpyPeerAsync" in cuda.calls
+
+
+def test_peer_access_already_enabled_is_fine_and_left_enabled() -> None:
+    cuda = StandInCuda(already=True)
+    got = peer.measure_pair(cuda, *GPUS, settings=FAST)
+    assert got.p2p and got.access == "already enabled" and got.error == ""
+    assert "cuCtxDisablePeerAccess" not in cuda.calls  # someone else's: not ours to undo
+
+
+def test_a_failing_cuda_call_is_the_pairs_error_and_still_frees() -> None:
+    cuda = StandInCuda(fail_at="cuStreamCreate")
+    got = peer.measure_pair(cuda, *GPUS, settings=FAST)
+    assert got.gbps is None and got.error == "cuStreamCreate returned CUDA_ERROR_OUT_OF_MEMORY"
+    assert cuda.calls.count("cuMemFree_v2") == 2 and cuda.calls.count("cuCtxDisablePeerAccess") == 2
+    assert cuda.calls.count("cuDevicePrimaryCtxRelease_v2") == 2
+    assert "cuMemcpyPeerAsync" not in cuda.calls
+
+
+def test_every_ordered_pair_runs_and_a_spent_deadline_starts_none() -> None:
+    cuda = StandInCuda()
+    gpus = (*GPUS, peer.PeerGpu(2, "00000000:03:00.0", None))
+    pairs = peer.measure_pairs(cuda, gpus, deadline=time.monotonic() + 60, settings=FAST)
+    assert [(p.src, p.dst) for p in pairs] == [(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)]
+    hidden = [p for p in pairs if 2 in (p.src, p.dst)]
+    assert all("GPU 2 (00000000:03:00.0) is hidden from CUDA" in p.error for p in hidden)
+    late = StandInCuda()
+    left = peer.measure_pairs(late, GPUS, deadline=time.monotonic(), settings=FAST)
+    assert all(p.error.startswith("not measured") for p in left) and late.calls == []
+
+
+class StandInNode(StandInCuda):
+    """The stand-in libcuda of a node whose CUDA devices 0 and 1 sit on BUS[0] and BUS[1]."""
+
+    def device_by_bus(self) -> dict[tuple[int, int, int], int]:
+        return {key: dev for dev, bus in enumerate(BUS) if (key := load.pci_key(bus)) is not None}
+
+
+def test_the_node_maps_gpus_by_bus_and_names_the_ones_it_cannot_use() -> None:
+    cuda = StandInNode()
+    lost = PeerLink(2, "", None, None, "NVML error 15 (GPU is lost)")
+    links = (link(0), link(1), lost, PeerLink(3, "00000000:09:00.0", 5, 16))  # GPU 3: CUDA does not list it
+    pairs = {(p.src, p.dst): p for p in peer.measure_node(cuda, links, deadline=time.monotonic() + 60, settings=FAST)}
+    assert len(pairs) == 12
+    assert pairs[(0, 1)].gbps is not None and pairs[(1, 0)].gbps is not None and pairs[(0, 1)].error == ""
+    assert pairs[(0, 2)].error == pairs[(2, 1)].error == "NVML cannot open GPU 2: NVML error 15 (GPU is lost)"
+    assert pairs[(3, 0)].error == "GPU 3 (00000000:09:00.0) is hidden from CUDA (CUDA_VISIBLE_DEVICES?)"
+    assert cuda.calls.count("cuDevicePrimaryCtxRetain") == cuda.calls.count("cuDevicePrimaryCtxRelease_v2")
+
+
+def test_a_context_that_does_not_start_is_the_error_of_that_gpus_pairs() -> None:
+    cuda = StandInNode(fail_at="cuDevicePrimaryCtxRetain")
+    pairs = peer.measure_node(cuda, (link(0), link(1)), deadline=time.monotonic() + 60, settings=FAST)
+    why = "no CUDA context: cuDevicePrimaryCtxRetain returned CUDA_ERROR_OUT_OF_MEMORY"
+    assert [p.error for p in pairs] == [f"GPU 0: {why}", f"GPU 1: {why}"]
+    assert "cuMemcpyPeerAsync" not in cuda.calls
+
+
+# ---- the check and the probe on this machine ----------------------------------------------------------------------
+
+
+def _ctx(*indices: int) -> Context:
+    gpus = tuple(Gpu(i, "NVIDIA RTX PRO 6000 Blackwell Server Edition", (12, 0), True, BUS[i]) for i in indices)
+    node = dataclasses.replace(facts.local(), nvml_read=facts.NvmlFacts(NvmlInfo("580.95.05", 13000, gpus, "ctypes")))
+    return Context(facts=node, results={"driver": Result("driver", Status.PASS, "driver 580.95.05")}, timeout=60)
+
+
+def test_the_check_is_level_3_in_the_comm_family_before_the_other_comm_checks() -> None:
+    checks = [c for c in all_checks() if c.family == "comm"]
+    assert checks[0].id == "gpu_peer_bandwidth" and checks[0].level == 3 and checks[0].requires == ("driver",)
+
+
+def test_with_one_gpu_the_check_skips_as_the_comm_checks_do() -> None:
+    result = peer_check.PeerBandwidth().run(_ctx(0))
+    assert result.status is Status.SKIP
+    assert result.summary == "needs at least 2 GPUs, 1 selected" and result.remedy == remedies.COMM_TWO_GPUS
+
+
+def test_the_real_probe_answers_on_this_machine_and_the_check_reads_it() -> None:
+    """Two GPUs in the facts, none in the machine: the real probe runs and says why it measured nothing."""
+    result = peer_check.PeerBandwidth().run(_ctx(0, 1))
+    answer = subprocess.run(
+        [sys.executable, "-m", "sm120check.doctor.probes.peer_bandwidth", "--gpus", "0,1", "--timeout", "10"],
+        capture_output=True,
+        text=True,
+        timeout=GUARD_S,
+        check=True,
+    )
+    parsed = PeerAnswer.from_json(json.loads(answer.stdout.strip().splitlines()[-1]))
+    if parsed.error:  # no driver here: a fail naming it, never a crash or a pass
+        assert result.status is Status.FAIL and parsed.error in result.summary
+    assert "sm120check-step: " in answer.stderr
+
+
+def test_doctor_level_3_does_not_fail_because_of_it_here() -> None:
+    """The whole level-3 run: other checks may fail on this machine (no manifest, a CPU torch), this one must not."""
+    run = subprocess.run(
+        [sys.executable, "-m", "sm120check", "doctor", "--level", "3", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=GUARD_S,
+        check=False,
+    )
+    results = {r["id"]: r for r in json.loads(run.stdout)["results"]}
+    assert results["gpu_peer_bandwidth"]["status"] != "fail", results["gpu_peer_bandwidth"]
+    assert results["gpu_peer_bandwidth"]["family"] == "comm" and results["gpu_peer_bandwidth"]["level"] == 3
