@@ -389,3 +389,50 @@ def test_the_real_health_checks_data_reads_as_figures_and_a_slow_node_is_flagged
         ("h3", 0, "pcie_link.width"),
     ]
     assert not fleet.review.ignored, fleet.review.ignored  # every real figure parsed
+
+
+def _with_peers(doc: dict[str, Any], gbps: dict[tuple[int, int], object]) -> dict[str, Any]:
+    """The real report as a 2-GPU node: the driver lists GPU 1 too, and a gpu_peer_bandwidth result in the shape
+    the check writes ({"pairs": [{src, dst, p2p, gbps, latency_us, floor_gbps}]})."""
+    driver = result(doc, "driver")["data"]["gpus"]
+    driver.append(dict(driver[0], index=1, bus_id="00000000:00:07.0"))
+    pairs = [
+        {"src": s, "dst": d, "p2p": True, "gbps": v, "latency_us": 2.5, "floor_gbps": 44.1}
+        for (s, d), v in gbps.items()
+    ]
+    doc["results"].append(
+        {"id": "gpu_peer_bandwidth", "family": "comm", "level": 3, "status": "pass", "summary": "", "details": "",
+         "remedy": "", "data": {"pairs": pairs}, "seconds": 1.2}
+    )  # fmt: skip
+    return doc
+
+
+def test_a_slow_gpu_pair_is_compared_with_the_same_pair_of_the_other_nodes(tmp_path: Path) -> None:
+    nodes = {}
+    for host, forward in (("h1", 52.0), ("h2", 51.5), ("h3", 20.3), ("h4", 52.4)):
+        doc = copy.deepcopy(REAL_H200_LEVEL2)
+        doc["host"] = host
+        nodes[host] = json.dumps(_with_peers(doc, {(0, 1): forward, (1, 0): 52.1}))
+    fleet = load(fleet_of(tmp_path, nodes))
+    assert flagged(fleet) == [("h3", 0, "gpu_peer_bandwidth.gbps.0-1")]
+    outlier = fleet.review.outliers[0]
+    assert outlier.size == 4 and outlier.median == pytest.approx(51.75)
+
+
+def test_hostile_peer_rows_are_ignored_and_noted(tmp_path: Path) -> None:
+    nodes = {}
+    for host in ("h1", "h2", "h3"):
+        doc = _with_peers(copy.deepcopy(REAL_H200_LEVEL2), {(0, 1): "fast", (1, 0): float("nan")})
+        doc["host"] = host
+        result(doc, "gpu_peer_bandwidth")["data"]["pairs"] += [{"src": True, "dst": 1}, {"src": 0, "dst": 0}, 7]
+        nodes[host] = json.dumps(doc)
+    fleet = load(fleet_of(tmp_path, nodes))
+    assert not [f for f in fleet.review.outliers if f.figure.metric.startswith("gpu_peer_bandwidth")]
+    noted = {i.where for i in fleet.review.ignored if i.where.startswith("gpu_peer_bandwidth")}
+    assert noted >= {
+        "gpu_peer_bandwidth.pairs[0].gbps",
+        "gpu_peer_bandwidth.pairs[1].gbps",
+        "gpu_peer_bandwidth.pairs[2]",
+        "gpu_peer_bandwidth.pairs[3]",
+        "gpu_peer_bandwidth.pairs[4]",
+    }, noted

@@ -37,12 +37,15 @@ _OP = re.compile(r"[a-z][a-z0-9_]{0,31}")
 # Families of metrics and their default thresholds: how far beyond the median, in the bad direction, as a fraction
 # of the median. A link generation or width is flagged as soon as it is below the median (threshold 0).
 FAMILIES: Mapping[str, float] = {"bandwidth": 0.15, "latency": 0.25, "link": 0.0}
-# The fixed metric names (the others: nccl_allreduce.latency_us.<tokens>, symm_mem.latency_us.<op>.<tokens>).
+# The fixed metric names (the others: nccl_allreduce.latency_us.<tokens>, symm_mem.latency_us.<op>.<tokens>, and per
+# ordered GPU pair gpu_peer_bandwidth.gbps.<src>-<dst> / .latency_us.<src>-<dst>: a pair is compared with the same
+# pair of the other nodes, since pairs on one switch and pairs across sockets differ on every node alike).
 LINK_GEN, LINK_WIDTH = "pcie_link.gen", "pcie_link.width"
 H2D, D2H = "gpu_copy_bandwidth.h2d_gbps", "gpu_copy_bandwidth.d2h_gbps"
 BUSBW = "nccl_allreduce.busbw_gbps"
 _METRIC = re.compile(
     r"pcie_link\.(gen|width)|gpu_copy_bandwidth\.(h2d|d2h)_gbps|nccl_allreduce\.busbw_gbps"
+    r"|gpu_peer_bandwidth\.(gbps|latency_us)\.[0-9]{1,4}-[0-9]{1,4}"
     r"|nccl_allreduce\.latency_us\.[0-9]{1,6}|symm_mem\.latency_us\.[a-z][a-z0-9_]{0,31}\.[0-9]{1,6}"
 )
 
@@ -161,6 +164,9 @@ def family_of(metric: str) -> str:
     return "latency" if ".latency_us." in metric else "bandwidth"
 
 
+MAX_PAIRS = 256  # ordered GPU pairs read from gpu_peer_bandwidth (16 GPUs)
+
+
 def parse_threshold(text: str) -> tuple[str, float]:
     """'bandwidth=0.2' or 'nccl_allreduce.latency_us.8=0.5' -> (name, fraction); ThresholdError says what is wrong."""
     name, equals, number = text.partition("=")
@@ -274,7 +280,7 @@ def extract(host: str, results: Sequence[ReportResult]) -> NodeFigures:
     reader = _Reader(host)
     by_id = {r.id: r for r in results}
     models = _models(reader, by_id.get("driver"))
-    for check in ("pcie_link", "gpu_copy_bandwidth", "nccl_allreduce", "symm_mem"):
+    for check in ("pcie_link", "gpu_copy_bandwidth", "gpu_peer_bandwidth", "nccl_allreduce", "symm_mem"):
         result = by_id.get(check)
         if result is None or result.status.value == "skip":
             continue
@@ -286,6 +292,8 @@ def extract(host: str, results: Sequence[ReportResult]) -> NodeFigures:
             _link(reader, result.data, models)
         elif check == "gpu_copy_bandwidth":
             _copy(reader, result.data, models)
+        elif check == "gpu_peer_bandwidth":
+            _peer(reader, result.data, models)
         elif check == "nccl_allreduce":
             _nccl(reader, result.data, models)
         else:
@@ -353,6 +361,46 @@ def _copy(reader: _Reader, data: Mapping[str, object], models: dict[int, str]) -
             number = reader.number(row.get(key), f"{where}.{key}", positive=False)
             if number is not None:
                 reader.add(index, metric, number, "GB/s", "higher", model)
+
+
+def _peer(reader: _Reader, data: Mapping[str, object], models: dict[int, str]) -> None:
+    """Per ordered pair: GB/s (higher is better) and latency (lower), attributed to the source GPU's model."""
+    pairs = data.get("pairs")
+    if pairs is None:
+        return
+    if not isinstance(pairs, list):
+        reader.skip("gpu_peer_bandwidth.pairs", f"{_show(pairs)} is not a list")
+        return
+    if len(pairs) > MAX_PAIRS:
+        reader.skip("gpu_peer_bandwidth.pairs", f"{len(pairs)} pairs; only the first {MAX_PAIRS} are read")
+    seen: set[tuple[int, int]] = set()
+    for position, row in enumerate(pairs[:MAX_PAIRS]):
+        where = f"gpu_peer_bandwidth.pairs[{position}]"
+        if not isinstance(row, dict):
+            reader.skip(where, f"{_show(row)} is not an object")
+            continue
+        src, dst = row.get("src"), row.get("dst")
+        if not (_index(src) and _index(dst)) or not isinstance(src, int) or not isinstance(dst, int):
+            reader.skip(where, f"src {_show(src)}, dst {_show(dst)} are not GPU indices")
+            continue
+        if src == dst or (src, dst) in seen:
+            reader.skip(where, f"pair {src}-{dst} is no pair of two GPUs or is listed twice: not compared")
+            continue
+        seen.add((src, dst))
+        model = _gpu_model(reader, src, {}, where, models)
+        if not model:
+            continue
+        for key, unit, better in PEER_MEASURES:
+            number = reader.number(row.get(key), f"{where}.{key}", positive=True)
+            if number is not None:
+                reader.add(src, f"gpu_peer_bandwidth.{key}.{src}-{dst}", number, unit, better, model)
+
+
+PEER_MEASURES: tuple[tuple[str, str, Better], ...] = (("gbps", "GB/s", "higher"), ("latency_us", "us", "lower"))
+
+
+def _index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_RANKS
 
 
 def _ranks(reader: _Reader, value: object, where: str) -> int | None:
