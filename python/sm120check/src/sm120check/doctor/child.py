@@ -266,3 +266,13 @@ def probe_env() -> dict[str, str]:
     src = str(Path(sm120check.__file__).resolve().parent.parent)
     path = os.environ.get("PYTHONPATH", "")
     return {"PYTHONPATH": f"{src}{os.pathsep}{path}" if path else src}
+
+
+def gpu_indices(text: str) -> list[int] | None:
+    """A probe's `--gpus 0,1` as NVML indices (None: all); a bad value ends the probe naming it (exit 2)."""
+    if not text:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SystemExit(f"--gpus {text!r}: expected NVML indices such as 0,1") from None

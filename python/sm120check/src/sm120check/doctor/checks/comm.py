@@ -97,7 +97,8 @@ def capability(gpu: Gpu) -> str:
     return f"{gpu.cc[0]}.{gpu.cc[1]}"
 
 
-def _gpu_arg(gpus: Sequence[Gpu]) -> str:
+def gpu_arg(gpus: Sequence[Gpu]) -> str:
+    """The selected GPUs as a probe's `--gpus` value (NVML indices, \"0,1\")."""
     return ",".join(str(g.index) for g in gpus)
 
 
@@ -129,7 +130,7 @@ class Topology:
         gpus = selected_gpus(ctx, self.id, need_torch=False)
         if isinstance(gpus, Result):
             return gpus
-        outcome = run_probe(f"{PROBES}.topology", ["--gpus", _gpu_arg(gpus)], timeout=min(ctx.timeout, 60.0))
+        outcome = run_probe(f"{PROBES}.topology", ["--gpus", gpu_arg(gpus)], timeout=min(ctx.timeout, 60.0))
         if not outcome.ok:
             return _child_failure(self.id, "topology probe", outcome, remedies.COMM_TOPOLOGY_PROBE)
         try:
@@ -263,7 +264,7 @@ class NcclAllreduce:
         gpus = selected_gpus(ctx, self.id, need_torch=True)
         if isinstance(gpus, Result):
             return gpus
-        args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
+        args = ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
         outcome = run_probe(f"{PROBES}.nccl", args, timeout=ctx.timeout, **_stack(ctx))
         answer = None
         if outcome.ok:
@@ -284,7 +285,7 @@ class NcclAllreduce:
             )
         retry = run_probe(
             f"{PROBES}.nccl",
-            ["--gpus", _gpu_arg(gpus), "--timeout", "55", "--correctness-only"],
+            ["--gpus", gpu_arg(gpus), "--timeout", "55", "--correctness-only"],
             timeout=60.0,
             python=_stack(ctx)["python"],
             env={"NCCL_P2P_DISABLE": "1", **probe_env()},
@@ -400,7 +401,7 @@ class SymmMem:
         gpus = selected_gpus(ctx, self.id, need_torch=True)
         if isinstance(gpus, Result):
             return gpus
-        args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
+        args = ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
         outcome = run_probe(f"{PROBES}.symm_mem", args, timeout=ctx.timeout, **_stack(ctx))
         if not outcome.ok:
             return _child_failure(self.id, "symmetric-memory probe", outcome, P2P_REMEDY)
@@ -488,7 +489,7 @@ class AllreduceFusion:
         all_caps = [capability(g) for g in ctx.facts.gpus or ()]
         cached = predicted_cached(version, all_caps)
         timeout = ctx.timeout if cached else jit_timeout(ctx)
-        args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, timeout - 5))]
+        args = ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, timeout - 5))]
         outcome = run_probe(f"{PROBES}.fusion", args, timeout=timeout, **_stack(ctx))
         if not outcome.ok:
             return _child_failure(self.id, "allreduce-fusion probe", outcome, remedies.COMM_FUSION_PROBE)

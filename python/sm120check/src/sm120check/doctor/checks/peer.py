@@ -9,24 +9,18 @@ floor. Needs no torch: the doctor's own interpreter runs the probe.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import ClassVar
 
 from sm120check.doctor import remedies
 from sm120check.doctor.checks import health as health_checks
-from sm120check.doctor.checks.comm import FAMILY, PROBES, malformed, selected_gpus
+from sm120check.doctor.checks.comm import FAMILY, PROBES, gpu_arg, malformed, selected_gpus
 from sm120check.doctor.child import run_probe
 from sm120check.doctor.health import verdicts
 from sm120check.doctor.health.payloads import PEER_PROBE, PeerAnswer
 from sm120check.doctor.model import Context, Result, Status
-from sm120check.doctor.nvml_api import Gpu
 from sm120check.doctor.payloads import PayloadError
 
 PROBE_MARGIN_S = 5.0  # the probe stops starting pairs this long before the check's own limit kills it
-
-
-def _gpu_arg(gpus: Sequence[Gpu]) -> str:
-    return ",".join(str(g.index) for g in gpus)
 
 
 def judge_peer(answer: PeerAnswer) -> Result:
@@ -63,7 +57,7 @@ class PeerBandwidth:
         gpus = selected_gpus(ctx, self.id, need_torch=False)
         if isinstance(gpus, Result):
             return gpus
-        selected = _gpu_arg(gpus)
+        selected = gpu_arg(gpus)
         budget = str(max(5.0, ctx.timeout - PROBE_MARGIN_S))
         outcome = run_probe(f"{PROBES}.peer_bandwidth", ["--gpus", selected, "--timeout", budget], timeout=ctx.timeout)
         if not outcome.ok:

@@ -16,8 +16,8 @@ from sm120check.doctor import remedies
 from sm120check.doctor.checks.comm import (
     FUSION_TOLERANCE,
     _child_failure,
-    _gpu_arg,
     _stack,
+    gpu_arg,
     selected_gpus,
     with_evidence,
 )
@@ -47,7 +47,7 @@ class SglangComm:
         packages = ctx.facts.distributions
         if "sglang" not in packages:
             return _skip_sglang("SGLang is not installed in the stack venv", remedies.FULL_PROFILE)
-        args = ["--gpus", _gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
+        args = ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
         outcome = run_probe("sm120check.doctor.probes.sglang_comm", args, timeout=ctx.timeout, **_stack(ctx))
         if not outcome.ok:
             return _retag(_child_failure(self.id, "SGLang communication probe", outcome, remedies.SGLANG_PATCH_RERUN))

@@ -20,20 +20,11 @@ import dataclasses
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from sm120check.doctor.child import emit, step
+from sm120check.doctor.child import emit, gpu_indices, step
 from sm120check.doctor.health import ancestry, kernel_log, load
 from sm120check.doctor.health.nvml_health import Nvml
 from sm120check.doctor.health.payloads import ComputeLoad, GpuHealth, LoadResult, NodeHealth
 from sm120check.doctor.nvml_api import NvmlUnavailable
-
-
-def _indices(text: str) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise SystemExit(f"--gpus {text!r}: expected NVML indices such as 0,1") from None
 
 
 def _with_load(nvml: Nvml, gpus: list[GpuHealth], size: int) -> tuple[list[GpuHealth], str]:
@@ -88,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size-mib", type=int, default=256, help="bytes per copy, in MiB")
     parser.add_argument("--exclude-tree", type=int, default=0, help="leave out processes descending from this pid")
     args = parser.parse_args(argv)
-    wanted = _indices(args.gpus)
+    wanted = gpu_indices(args.gpus)
 
     step("read the kernel log (/dev/kmsg, journalctl -k -b, dmesg)")
     log = kernel_log.read()

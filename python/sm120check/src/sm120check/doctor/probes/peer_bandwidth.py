@@ -15,20 +15,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from sm120check.doctor.child import emit, step
+from sm120check.doctor.child import emit, gpu_indices, step
 from sm120check.doctor.health import load, peer
 from sm120check.doctor.health.nvml_health import Nvml
 from sm120check.doctor.health.payloads import PeerAnswer
 from sm120check.doctor.nvml_api import NvmlUnavailable
-
-
-def _indices(text: str) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise SystemExit(f"--gpus {text!r}: expected NVML indices such as 0,1") from None
 
 
 def measure(wanted: list[int] | None, deadline: float, settings: peer.Settings) -> PeerAnswer:
@@ -68,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size-mib", type=int, default=peer.SIZE >> 20, help="bytes per bandwidth copy, in MiB")
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.timeout
-    emit(measure(_indices(args.gpus), deadline, peer.Settings(size=args.size_mib << 20)).to_json())
+    emit(measure(gpu_indices(args.gpus), deadline, peer.Settings(size=args.size_mib << 20)).to_json())
 
 
 if __name__ == "__main__":
