@@ -79,7 +79,7 @@ def test_sglang_device_names_per_edition(tmp_path: Path) -> None:
 @pytest.mark.slow  # may download the sglang 0.5.23 wheel once (pip's configured index) into .cache/sglang
 def test_sglang_0_5_23_ships_tuned_configs_for_max_q_and_server_editions_but_not_the_workstation_edition() -> None:
     """The real release tree: the editions' exact names decide what SGLang finds (Max-Q and Server have files under
-    their own names; the Workstation Edition, the commonest card, none: the verdict warns and names device_name)."""
+    their own names; the Workstation Edition none: the verdict warns and names device_name)."""
     tree = str(release_dir("0.5.23") / "sglang")
     max_q = sglang_configs.find(tree, "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition")
     assert len(max_q.files) == 4 and any("triton_3_5_1" in f for f in max_q.files), max_q.files
