@@ -316,3 +316,23 @@ def test_doctor_level_3_does_not_fail_because_of_it_here() -> None:
     results = {r["id"]: r for r in json.loads(run.stdout)["results"]}
     assert results["gpu_peer_bandwidth"]["status"] != "fail", results["gpu_peer_bandwidth"]
     assert results["gpu_peer_bandwidth"]["family"] == "comm" and results["gpu_peer_bandwidth"]["level"] == 3
+
+
+def test_a_hung_peer_probe_fails_naming_the_probe_the_timeout_and_its_last_step() -> None:
+    """The outcome a killed child gives (its stderr with the step marks the probe printed): one FAIL, level 3."""
+    from sm120check.doctor import child
+    from sm120check.doctor.checks.comm import child_failure
+
+    hung = child.ChildOutcome(
+        ok=False,
+        timed_out=True,
+        seconds=115.0,
+        stderr_tail=f"{child.STEP_MARK} dlopen libcuda.so.1 and cuInit\n{child.STEP_MARK} peer copies GPU 0 -> 1\n",
+    )
+    result = child_failure("gpu_peer_bandwidth", "the peer-copy probe", hung, remedies.peer_probe("0,1"))
+    assert result.status is Status.FAIL and result.level == 3 and result.family == "comm"
+    assert (
+        result.summary
+        == "the peer-copy probe timed out after 115 s (killed with its process group) during peer copies GPU 0 -> 1"
+    )
+    assert result.remedy == remedies.peer_probe("0,1")

@@ -110,9 +110,11 @@ def _sizes(latency: Mapping[str, float]) -> str:
     return "/".join(sorted(latency, key=int))
 
 
-def _child_failure(check_id: str, what: str, outcome: ChildOutcome, remedy: str) -> Result:
+def child_failure(check_id: str, what: str, outcome: ChildOutcome, remedy: str) -> Result:
+    """A level-3 probe that hung, died or printed nothing: a FAIL naming the probe, why, and the step it was in."""
+    during = f" during {outcome.step}" if outcome.step else ""
     return _result(
-        check_id, Status.FAIL, f"{what} {outcome.problem}", details=outcome.stderr_tail[-2000:], remedy=remedy
+        check_id, Status.FAIL, f"{what} {outcome.problem}{during}", details=outcome.stderr_tail[-2000:], remedy=remedy
     )
 
 
@@ -132,7 +134,7 @@ class Topology:
             return gpus
         outcome = run_probe(f"{PROBES}.topology", ["--gpus", gpu_arg(gpus)], timeout=min(ctx.timeout, 60.0))
         if not outcome.ok:
-            return _child_failure(self.id, "topology probe", outcome, remedies.COMM_TOPOLOGY_PROBE)
+            return child_failure(self.id, "topology probe", outcome, remedies.COMM_TOPOLOGY_PROBE)
         try:
             evidence = TopologyEvidence.from_json(outcome.data)
         except PayloadError as exc:
@@ -404,7 +406,7 @@ class SymmMem:
         args = ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
         outcome = run_probe(f"{PROBES}.symm_mem", args, timeout=ctx.timeout, **_stack(ctx))
         if not outcome.ok:
-            return _child_failure(self.id, "symmetric-memory probe", outcome, P2P_REMEDY)
+            return child_failure(self.id, "symmetric-memory probe", outcome, P2P_REMEDY)
         try:
             answer = SymmMemAnswer.from_json(outcome.data)
         except PayloadError as exc:
@@ -492,7 +494,7 @@ class AllreduceFusion:
         args = ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, timeout - 5))]
         outcome = run_probe(f"{PROBES}.fusion", args, timeout=timeout, **_stack(ctx))
         if not outcome.ok:
-            return _child_failure(self.id, "allreduce-fusion probe", outcome, remedies.COMM_FUSION_PROBE)
+            return child_failure(self.id, "allreduce-fusion probe", outcome, remedies.COMM_FUSION_PROBE)
         try:
             answer = FusionAnswer.from_json(outcome.data)
         except PayloadError as exc:

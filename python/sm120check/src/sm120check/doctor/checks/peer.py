@@ -13,11 +13,11 @@ from typing import ClassVar
 
 from sm120check.doctor import remedies
 from sm120check.doctor.checks import health as health_checks
-from sm120check.doctor.checks.comm import FAMILY, PROBES, gpu_arg, malformed, selected_gpus
+from sm120check.doctor.checks.comm import FAMILY, PROBES, child_failure, gpu_arg, malformed, selected_gpus
 from sm120check.doctor.child import run_probe
 from sm120check.doctor.health import verdicts
 from sm120check.doctor.health.payloads import PEER_PROBE, PeerAnswer
-from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.model import Context, Result
 from sm120check.doctor.payloads import PayloadError
 
 PROBE_MARGIN_S = 5.0  # the probe stops starting pairs this long before the check's own limit kills it
@@ -61,16 +61,7 @@ class PeerBandwidth:
         budget = str(max(5.0, ctx.timeout - PROBE_MARGIN_S))
         outcome = run_probe(f"{PROBES}.peer_bandwidth", ["--gpus", selected, "--timeout", budget], timeout=ctx.timeout)
         if not outcome.ok:
-            during = f" during {outcome.step}" if outcome.step else ""
-            return Result(
-                self.id,
-                Status.FAIL,
-                f"the peer-copy probe {outcome.problem}{during}",
-                details=outcome.stderr_tail[-2000:],
-                remedy=remedies.peer_probe(selected),
-                family=FAMILY,
-                level=3,
-            )
+            return child_failure(self.id, "the peer-copy probe", outcome, remedies.peer_probe(selected))
         try:
             answer = PeerAnswer.from_json(outcome.data)
         except PayloadError as exc:

@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 from sm120check.doctor import remedies
 from sm120check.doctor.checks.comm import (
     FUSION_TOLERANCE,
-    _child_failure,
     _stack,
+    child_failure,
     gpu_arg,
     selected_gpus,
     with_evidence,
@@ -50,7 +50,7 @@ class SglangComm:
         args = ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
         outcome = run_probe("sm120check.doctor.probes.sglang_comm", args, timeout=ctx.timeout, **_stack(ctx))
         if not outcome.ok:
-            return _retag(_child_failure(self.id, "SGLang communication probe", outcome, remedies.SGLANG_PATCH_RERUN))
+            return _retag(child_failure(self.id, "SGLang communication probe", outcome, remedies.SGLANG_PATCH_RERUN))
         try:
             answer = SglangCommAnswer.from_json(outcome.data)
         except PayloadError as exc:

@@ -137,6 +137,35 @@ def _sampler(nvml: Nvml, handle: ctypes.c_void_p, stop: threading.Event, seen: l
         stop.wait(0.01)
 
 
+def timed(
+    cuda: Cuda,
+    copy: Callable[[], None],
+    stream: ctypes.c_void_p,
+    start: ctypes.c_void_p,
+    end: ctypes.c_void_p,
+    *,
+    at_least: int,
+    busy_s: float,
+    limit_s: float,
+) -> list[float]:
+    """Seconds per copy on the stream's clock (events around each), until `busy_s` and `at_least` copies, or
+    `limit_s`: the one timing loop of the copy load and the peer copies."""
+    took: list[float] = []
+    began = time.monotonic()
+    while True:
+        cuda.call("cuEventRecord", start, stream)
+        copy()
+        cuda.call("cuEventRecord", end, stream)
+        cuda.call("cuEventSynchronize", end)
+        ms = ctypes.c_float()
+        cuda.call("cuEventElapsedTime", ctypes.byref(ms), start, end)
+        if ms.value > 0:
+            took.append(ms.value / 1000.0)
+        spent = time.monotonic() - began
+        if spent >= limit_s or (spent >= busy_s and len(took) >= at_least):
+            return took
+
+
 def _copies(
     cuda: Cuda,
     copy: Callable[[], None],
@@ -146,20 +175,10 @@ def _copies(
     busy_s: float,
     limit_s: float,
 ) -> list[float]:
-    rates: list[float] = []
-    began = time.monotonic()
-    while True:
-        cuda.call("cuEventRecord", start, ctypes.c_void_p(None))
-        copy()
-        cuda.call("cuEventRecord", end, ctypes.c_void_p(None))
-        cuda.call("cuEventSynchronize", end)
-        ms = ctypes.c_float()
-        cuda.call("cuEventElapsedTime", ctypes.byref(ms), start, end)
-        if ms.value > 0:
-            rates.append(size / (ms.value / 1000.0) / 1e9)
-        spent = time.monotonic() - began
-        if spent >= limit_s or (spent >= busy_s and len(rates) >= 3):
-            return rates
+    """GB/s of each synchronous copy on the legacy default stream (at least 3)."""
+    legacy = ctypes.c_void_p(None)
+    seconds = timed(cuda, copy, legacy, start, end, at_least=3, busy_s=busy_s, limit_s=limit_s)
+    return [size / s / 1e9 for s in seconds]
 
 
 BUSY_S = 0.3  # per direction: a few dozen NVML link samples at speed, and the median of 8+ copies at Gen5 x16

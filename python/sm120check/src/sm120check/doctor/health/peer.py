@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sm120check.doctor.health.load import MIB, Cuda, CudaCallFailed, Held, held_context, pci_key
+from sm120check.doctor.health.load import MIB, Cuda, CudaCallFailed, Held, held_context, pci_key, timed
 from sm120check.doctor.health.nvml_health import SUCCESS, Nvml
 from sm120check.doctor.health.payloads import PEER_NOT_MEASURED, PeerLink, PeerPair
 from sm120check.doctor.nvml_api import PciInfo
@@ -84,34 +84,6 @@ def _enable(cuda: Cuda, ctx: ctypes.c_void_p, peer: ctypes.c_void_p) -> bool:
             return False
         raise
     return True
-
-
-def _timed(
-    cuda: Cuda,
-    copy: Callable[[], None],
-    stream: ctypes.c_void_p,
-    start: ctypes.c_void_p,
-    end: ctypes.c_void_p,
-    *,
-    at_least: int,
-    busy_s: float,
-    limit_s: float,
-) -> list[float]:
-    """Seconds per copy on the stream's clock, until `busy_s` and `at_least` copies, or `limit_s`."""
-    took: list[float] = []
-    began = time.monotonic()
-    while True:
-        cuda.call("cuEventRecord", start, stream)
-        copy()
-        cuda.call("cuEventRecord", end, stream)
-        cuda.call("cuEventSynchronize", end)
-        ms = ctypes.c_float()
-        cuda.call("cuEventElapsedTime", ctypes.byref(ms), start, end)
-        if ms.value > 0:
-            took.append(ms.value / 1000.0)
-        spent = time.monotonic() - began
-        if spent >= limit_s or (spent >= busy_s and len(took) >= at_least):
-            return took
 
 
 def _free(cuda: Cuda, ctx: ctypes.c_void_p, *held: Held) -> None:
@@ -187,9 +159,9 @@ def measure_pair(
         for warm in (big, small):  # the first peer copy maps the peer's memory: not timed
             warm()
         cuda.call("cuStreamSynchronize", stream)
-        took = _timed(cuda, big, stream, start, end, at_least=3, busy_s=settings.busy_s, limit_s=settings.limit_s)
+        took = timed(cuda, big, stream, start, end, at_least=3, busy_s=settings.busy_s, limit_s=settings.limit_s)
         rates = [size / s / 1e9 for s in took]
-        latencies = _timed(
+        latencies = timed(
             cuda,
             small,
             stream,
