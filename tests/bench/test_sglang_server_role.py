@@ -65,7 +65,7 @@ def command(tmp: Path) -> str:
 
 
 def test_passed_checks_turn_on_fusion_and_symmetric_memory_for_eagle3(tmp_path: Path) -> None:
-    doctor_report(tmp_path / "doctor.json", "pass", "pass")
+    doctor_report(tmp_path / "doctor.json", "pass", "pass", {"allreduce_fusion": "on", "symmetric_memory": "on"})
     result = run_role(tmp_path, "sglang_server_configure")
     assert result.returncode == 0, result.stdout[-3000:]
     cmd = command(tmp_path)
@@ -92,10 +92,20 @@ def test_sglang_turning_fusion_off_wins_over_flashinfers_pass(tmp_path: Path) ->
     assert result.returncode == 0, result.stdout[-3000:]
     cmd = command(tmp_path)
     assert "--enforce-disable-flashinfer-allreduce-fusion" in cmd and "--enable-torch-symm-mem" in cmd
-    assert "SGLang itself: fusion off" in result.stdout
+    assert "SGLang itself: off -> fusion off" in result.stdout
     doctor_report(tmp_path / "doctor.json", "pass", "pass", {"allreduce_fusion": "on", "symmetric_memory": "on"})
     assert run_role(tmp_path, "sglang_server_configure").returncode == 0
     assert "--flashinfer-allreduce-fusion-backend auto" in command(tmp_path)
+
+
+def test_passes_without_sglangs_own_verdict_leave_both_off_and_say_why(tmp_path: Path) -> None:
+    """FlashInfer and torch pass, but SGLang's own code never ran (no sglang_comm result): no feature turns on."""
+    doctor_report(tmp_path / "doctor.json", "pass", "pass")
+    result = run_role(tmp_path, "sglang_server_configure")
+    assert result.returncode == 0, result.stdout[-3000:]
+    cmd = command(tmp_path)
+    assert "--enforce-disable-flashinfer-allreduce-fusion" in cmd and "--enable-torch-symm-mem" not in cmd
+    assert "sglang_comm not run -> no data, treated as off" in result.stdout
 
 
 def test_missing_report_says_how_to_write_it_and_turns_both_off(tmp_path: Path) -> None:
@@ -106,7 +116,7 @@ def test_missing_report_says_how_to_write_it_and_turns_both_off(tmp_path: Path) 
 
 
 def test_adaptive_config_and_legacy_fusion_flag_are_rendered(tmp_path: Path) -> None:
-    doctor_report(tmp_path / "doctor.json", "pass", "fail")
+    doctor_report(tmp_path / "doctor.json", "pass", "fail", {"allreduce_fusion": "on", "symmetric_memory": "on"})
     result = run_role(
         tmp_path,
         "sglang_server_configure",
@@ -207,7 +217,7 @@ def sglang_url() -> Iterator[str]:
 
 def run_verified(tmp: Path, url: str, log: list[str], check: bool = False) -> subprocess.CompletedProcess[str]:
     """Configure, wait and verify against `url`, with `log` as the server's log; sm120check from this venv."""
-    doctor_report(tmp / "doctor.json", "pass", "pass")
+    doctor_report(tmp / "doctor.json", "pass", "pass", {"allreduce_fusion": "on", "symmetric_memory": "on"})
     (tmp / "sglang.log").write_text("\n".join(log) + "\n")
     return run_role(
         tmp,
