@@ -23,23 +23,25 @@ def _manifest(venv: Path, env: dict[str, str]) -> Manifest:
 def test_module_cached_for_this_key_passes(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     built_module(root, tmp_path / "src")
-    result = judge(module_rows(root, "0.7.2", "90a", ["demo"], ninja()), "here")
+    result = judge(module_rows(root, "0.7.2", "90a", ["demo"], ninja()), "here", "90a")
     assert result.status is Status.PASS
     assert "compiles nothing" in result.summary
 
 
 def test_missing_allreduce_fusion_module_warns_how_long_the_first_start_blocks(tmp_path: Path) -> None:
-    result = judge(module_rows(tmp_path, "0.7.2", "120f", ["trtllm_comm"], ninja()), "here")
+    result = judge(module_rows(tmp_path, "0.7.2", "120f", ["trtllm_comm"], ninja()), "here", "120f")
     assert result.status is Status.WARN
-    # trtllm_comm alone: 260-340 s measured (jitcache.cost); the old 260-460 s took its upper bound from the pair
-    assert "trtllm_comm not cached" in result.summary and "260-340 s" in result.summary
+    # trtllm_comm alone: 260-340 s measured for 90a (jitcache.cost); an SM120 node's 120f was never timed
+    assert "trtllm_comm not cached" in result.summary
+    assert "an unmeasured time (260-340 s for 90a on H200; 120f not timed yet)" in result.summary
+    assert result.data["blocking_seconds_measured"] is False
     assert result.remedy.startswith("ansible-playbook site.yml --tags flashinfer_jit ")
 
 
 def test_module_left_by_a_combined_prebuild_is_reported_as_rebuilding(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     built_module(root, tmp_path / "src", run_in=module_dir(root).parent)
-    result = judge(module_rows(root, "0.7.2", "90a", ["demo"], ninja()), "here")
+    result = judge(module_rows(root, "0.7.2", "90a", ["demo"], ninja()), "here", "90a")
     assert result.status is Status.WARN
     assert "a load would run 2 build command(s)" in result.details
 
@@ -58,7 +60,7 @@ def test_node_without_flashinfer_skips(tmp_path: Path) -> None:
 def test_cached_module_without_ninja_on_path_is_not_usable(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     built_module(root, tmp_path / "src")
-    result = judge(module_rows(root, "0.7.2", "90a", ["demo"], None), "here")
+    result = judge(module_rows(root, "0.7.2", "90a", ["demo"], None), "here", "90a")
     assert result.status is Status.WARN and "no `ninja` on PATH" in result.details
 
 
@@ -67,7 +69,7 @@ def test_a_prebuilt_aot_module_counts_as_cached_without_ninja(tmp_path: Path) ->
     aot = tmp_path / "site" / "flashinfer" / "data" / "aot"
     (aot / "trtllm_comm").mkdir(parents=True)
     (aot / "trtllm_comm" / "trtllm_comm.so").write_bytes(b"\x7fELF")
-    result = judge(module_rows(tmp_path / "cache", "0.7.2", "90a", ["trtllm_comm"], None, [aot]), "here")
+    result = judge(module_rows(tmp_path / "cache", "0.7.2", "90a", ["trtllm_comm"], None, [aot]), "here", "90a")
     assert result.status is Status.PASS
     modules = result.data["modules"]
     assert isinstance(modules, list) and "prebuilt (AOT)" in modules[0]["why"]

@@ -72,18 +72,18 @@ def module_rows(
     return rows
 
 
-def judge(rows: Sequence[Mapping[str, Any]], where: str) -> Result:
+def judge(rows: Sequence[Mapping[str, Any]], where: str, arch: str) -> Result:
     missing = [r for r in rows if not r["cached"]]
     data: dict[str, Any] = {"cache": where, "modules": [dict(r) for r in rows]}
     if not missing:
         names = ", ".join(str(r["module"]) for r in rows)
         return _result(Status.PASS, f"{names} cached in {where}: a load compiles nothing", data=data)
-    low, high = cost.blocking_seconds(str(r["module"]) for r in missing)
-    data.update(blocking_seconds_min=low, blocking_seconds_max=high)
+    wait = cost.estimate((str(r["module"]) for r in missing), arch)
+    data.update(blocking_seconds_min=wait.low, blocking_seconds_max=wait.high, blocking_seconds_measured=wait.measured)
     names = ", ".join(str(r["module"]) for r in missing)
     return _result(
         Status.WARN,
-        f"{names} not cached for this node: the first server start blocks ~{low}-{high} s compiling",
+        f"{names} not cached for this node: the first server start blocks {wait.phrase()} compiling",
         details="\n".join(f"{r['module']}: {r['why']}" for r in rows),
         remedy=remedies.FLASHINFER_JIT,
         data=data,
@@ -133,7 +133,7 @@ class FlashinferJitCheck:
         root = layout.cache_root(env)
         ninja = find_ninja(env)
         rows = module_rows(root, version, arch, wanted, ninja, aot_dirs(ctx))
-        return judge(rows, str(layout.workspace_dir(root, version, arch)))
+        return judge(rows, str(layout.workspace_dir(root, version, arch)), arch)
 
 
 CHECKS = (FlashinferJitCheck,)
