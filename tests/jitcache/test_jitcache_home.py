@@ -108,7 +108,9 @@ def test_both_modules_cold_block_what_the_pair_took_not_more() -> None:
     assert cost.blocking_seconds(["pcie_ipc_comm"]) == (11, 15)  # measured alone: not the old derived 70-140 s
     assert cost.blocking_seconds(["trtllm_comm", "other"]) == (260 + 60, 340 + 300)
     result = judge(
-        [{"module": m, "cached": False, "dir": "d", "why": "cold", "from": ""} for m in jit_modules.SERVING], "here", "90a"
+        [{"module": m, "cached": False, "dir": "d", "why": "cold", "from": ""} for m in jit_modules.SERVING],
+        "here",
+        "90a",
     )
     assert result.status is Status.WARN and "~300-460 s" in result.summary
     assert result.data["blocking_seconds_measured"] is True
