@@ -429,3 +429,12 @@ def _load(path: Path, data: dict[str, Any]) -> manifest.Manifest:
     VALIDATOR.validate(data)
     path.write_text(json.dumps(data), encoding="utf-8")
     return manifest.load(path)
+
+
+def test_the_gpu_tests_manifest_is_one_the_checker_reads() -> None:
+    """tests/gpu runs the doctor with this fixture on the device machine: a schema it no longer reads broke them."""
+    from sm120check import manifest
+
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "doctor" / "h200-manifest.json"
+    loaded = manifest.load(path)
+    assert loaded.venv == "/opt/torch/.venv" and loaded.python_packages == {"torch": "2.11.0"}
