@@ -36,12 +36,13 @@ lab:  ## install podman and build the node image for the container tests (root, 
 llama-server: venv  ## build llama.cpp's llama-server for the real-engine tests (cached outside the checkout)
 	$(BIN)/python tests/lab/llamacpp.py build
 
-lint: venv  ## ruff, mypy, role README tables, the GPU coverage table (ansible-lint runs in the tests)
+lint: venv  ## ruff, mypy, role README tables, the GPU coverage table, no test that checks nothing (ansible-lint in the tests)
 	$(BIN)/ruff check python tests benchmarks scripts roles
 	$(BIN)/ruff format --check python tests benchmarks scripts roles
 	$(BIN)/mypy
 	$(BIN)/python scripts/role_readme.py --check
 	$(BIN)/python scripts/coverage_table.py --check
+	$(BIN)/python scripts/test_asserts.py
 
 test: venv lab lint  ## every test this machine can run: unit, Ansible, container integration
 	$(BIN)/pytest -m "not gpu and not full" $(PYTEST_ARGS)

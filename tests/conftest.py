@@ -12,11 +12,8 @@ from contextlib import ExitStack
 
 import pytest
 
+from lab import in_ci
 from lab.podman import DEFAULT_IMAGE, Mount, Node, NodeFactory, lab_problem, running_node
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
 
 
 @pytest.fixture(scope="session")

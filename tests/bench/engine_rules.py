@@ -6,9 +6,14 @@
   `declare_resolution` that sets the attribute (0.5.22+ record resolutions through them; the values are the same),
   and a `SimpleNamespace` for `ServerArgs` carrying only the fields the functions read.
 - vLLM: `vllm/v1/spec_decode/dynamic/utils.py` from the vllm 0.24.0 wheel (a self-contained file), executed as is.
-- TensorRT-LLM: its wheel is not on PyPI (a stub that downloads from NVIDIA's index, unreachable here), and its
-  config classes need torch, pydantic and its C++ bindings. So the validators are transcribed below, faithfully,
-  from the source at the commit named in each comment.
+- TensorRT-LLM: NOT its own code. Its wheel is not on PyPI (a stub that downloads from NVIDIA's index, unreachable
+  here), and its config classes need torch, pydantic and its C++ bindings, so `trtllm_validate_eagle3` and
+  `trtllm_draft_len_for_batch_size` below are our own transcription of its rules, by hand: a test passing against
+  them says the policy file meets our reading of TensorRT-LLM's rules, not that TensorRT-LLM accepted it. If
+  TensorRT-LLM changes these rules, nothing here notices. Transcribed from (TRTLLM_SOURCES):
+  - tensorrt_llm/llmapi/llm_args.py at commit 0004396720054fd8e205cbf616f21f0b57c6b412 (the validators);
+  - tensorrt_llm/_torch/speculative/utils.py::get_draft_len_for_batch_size: commit unknown and release version
+    unknown (read from a stored copy of the file that names no commit; at 0004396 no copy of that file was stored).
 """
 
 from __future__ import annotations
@@ -248,6 +253,13 @@ def vllm_release(version: str = VLLM_VERSION) -> VllmRelease:
 # --- TensorRT-LLM (transcribed) ----------------------------------------------------------------------------------
 
 TRTLLM_COMMIT = "0004396720054fd8e205cbf616f21f0b57c6b412"
+# What each transcription was read from: the file and the commit ("unknown" where the source named none).
+TRTLLM_SOURCES = {
+    "trtllm_validate_eagle3": f"NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py @ {TRTLLM_COMMIT}",
+    "trtllm_draft_len_for_batch_size": (
+        "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/utils.py::get_draft_len_for_batch_size @ unknown commit"
+    ),
+}
 
 
 class TrtllmConfigError(ValueError):
@@ -257,7 +269,8 @@ class TrtllmConfigError(ValueError):
 def trtllm_validate_eagle3(spec: dict[str, Any]) -> dict[int, int]:
     """`speculative_config` of decoding_type Eagle3 as TensorRT-LLM validates it; returns the sorted schedule.
 
-    Transcribed from NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412:
+    Our transcription (not TensorRT-LLM's code) of NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py @
+    0004396720054fd8e205cbf616f21f0b57c6b412:
     field types of `DecodingBaseConfig` (max_draft_len NonNegativeInt, max_concurrency PositiveInt,
     draft_len_schedule dict[int, int], StrictBaseModel: no unknown keys here), then its validators
     `validate_draft_len_schedule_and_sort`, `validate_max_concurrency_and_draft_len_schedule_mutually_exclusive`,
@@ -317,8 +330,9 @@ def trtllm_validate_eagle3(spec: dict[str, Any]) -> dict[int, int]:
 
 
 def trtllm_draft_len_for_batch_size(schedule: dict[int, int] | None, batch_size: int, max_draft_len: int) -> int:
-    """Transcribed from NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/utils.py::get_draft_len_for_batch_size
-    (the stored index's version; the commit is not shown by the index): keys are upper bounds, the first key >=
+    """Our transcription (not TensorRT-LLM's code) of NVIDIA/TensorRT-LLM
+    tensorrt_llm/_torch/speculative/utils.py::get_draft_len_for_batch_size, commit and release unknown (read from a
+    stored copy that names no commit): keys are upper bounds, the first key >=
     batch_size gives the draft length, batches above every key draft 0. llm_args.py @ 0004396... documents the same
     ({4:4, 8:2, 32:1}: 1-4 -> 4, 5-8 -> 2, 9-32 -> 1, 33+ -> 0)."""
     if schedule is None:

@@ -1,7 +1,9 @@
 """The policy files `crossover --write-policies` writes, judged by the engines' own rules (tests/bench/engine_rules.py):
 SGLang's loader, initial-step check and padded slot routing from the release wheels; vLLM 0.24.0's schedule
-validator and lookup from its wheel; TensorRT-LLM's validators transcribed from its source. For every batch size the
-engine's own lookup must give full speculation below the reduced tier, one draft step in it, none from the off point.
+validator and lookup from its wheel. TensorRT-LLM is the exception: its "validators" are our own transcription of its
+rules (engine_rules.TRTLLM_SOURCES names the files and commits), not its code, so the TensorRT-LLM tests check our
+reading of its rules and would not notice TensorRT-LLM changing them. For every batch size the engine's lookup must
+give full speculation below the reduced tier, one draft step in it, none from the off point.
 """
 
 from __future__ import annotations
@@ -180,6 +182,7 @@ def test_vllm_config_is_complete_with_the_draft_model_and_a_labelled_fragment_wi
 
 
 # --- TensorRT-LLM -------------------------------------------------------------------------------------------------
+# Against our transcription of TensorRT-LLM's rules (engine_rules.TRTLLM_SOURCES), not TensorRT-LLM's own code.
 
 
 @pytest.mark.parametrize("floor", [0, 1])
@@ -188,6 +191,7 @@ def test_vllm_config_is_complete_with_the_draft_model_and_a_labelled_fragment_wi
 def test_trtllm_yaml_passes_its_validators_and_drafts_the_intended_lengths(
     crossover: float, steps: int, floor: int
 ) -> None:
+    """Our transcription of TensorRT-LLM's validators and lookup (engine_rules.TRTLLM_SOURCES), not its code."""
     p = policies(crossover, steps, draft_model=DRAFT, draft_floor=floor)
     spec = yaml.safe_load(trtllm_yaml(p))["speculative_config"]
     assert "max_concurrency" not in spec and spec["speculative_model"] == DRAFT
@@ -199,6 +203,7 @@ def test_trtllm_yaml_passes_its_validators_and_drafts_the_intended_lengths(
 
 
 def test_trtllm_fragment_without_a_draft_model_is_what_tensorrt_llm_would_refuse() -> None:
+    """Refused by our transcription of validate_speculative_model (engine_rules.TRTLLM_SOURCES), not by TensorRT-LLM."""
     text = trtllm_yaml(policies(17.5, 3))
     assert text.startswith("# FRAGMENT")
     with pytest.raises(TrtllmConfigError, match="Draft model must be provided for EAGLE"):
@@ -206,7 +211,8 @@ def test_trtllm_fragment_without_a_draft_model_is_what_tensorrt_llm_would_refuse
 
 
 def test_trtllm_old_output_with_max_concurrency_is_refused() -> None:
-    """What sm120check wrote before (real-engine.md, crossover 3.18): the schedule and max_concurrency together."""
+    """What sm120check wrote before (real-engine.md, crossover 3.18): the schedule and max_concurrency together, refused
+    by our transcription of TensorRT-LLM's mutual-exclusion validator (engine_rules.TRTLLM_SOURCES), not by its code."""
     old = (
         "speculative_config:\n  decoding_type: Eagle3\n  max_draft_len: 3\n  speculative_model: /m\n"
         "  draft_len_schedule:\n    1: 3\n    3: 1\n  max_concurrency: 3\n"

@@ -75,11 +75,17 @@ def test_a_target_without_function_is_reported_by_the_rank() -> None:
 
 
 def test_free_port_is_bindable_on_loopback() -> None:
+    """The rendezvous store can listen on the port it is given, on 127.0.0.1, and a rank can connect to it there."""
     import socket
 
     port = free_port()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))
+    assert 1024 <= port <= 65535  # an ephemeral port: no root needed to bind it
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", port))
+        server.listen(1)
+        assert server.getsockname() == ("127.0.0.1", port)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+            assert client.getpeername() == ("127.0.0.1", port)
 
 
 def test_zero_ranks_is_refused() -> None:

@@ -1,5 +1,7 @@
-"""The SM load: the spin kernel compiles with the real NVRTC (where this machine has one), the launch bookkeeping
-runs against a stand-in libcuda (no GPU here), and gpu_clocks judges the reasons sampled under the load."""
+"""The SM load: the spin kernel compiles with the real NVRTC on CPU (no GPU needed: the dev venv's nvidia-cuda-nvrtc
+wheel from requirements-dev.txt, or a CUDA toolkit's copy), the launch bookkeeping runs against a stand-in libcuda,
+and gpu_clocks judges the reasons sampled under the load. The real launch needs a GPU: tests/gpu/test_health_gpu.py
+on the device machine."""
 
 from __future__ import annotations
 
@@ -7,6 +9,10 @@ import ctypes
 import dataclasses
 import itertools
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +32,47 @@ def _h200() -> GpuHealth:
 
 
 def _nvrtc() -> Nvrtc:
-    try:
-        return Nvrtc.open()
-    except OSError:
-        pytest.skip("libnvrtc.so.13 does not load here")
+    """The NVRTC the doctor's load would open (soname, then the CUDA 13 wheels and toolkits). requirements-dev.txt
+    installs nvidia-cuda-nvrtc into the dev venv, so NVRTC always exists where these tests run: missing is a failure."""
+    nvrtc, error = load.open_nvrtc()
+    if nvrtc is None:
+        pytest.fail(f"{error}: `make venv` installs nvidia-cuda-nvrtc==13.0.88 (requirements-dev.txt)", pytrace=False)
+    return nvrtc
 
 
-def test_the_spin_kernel_compiles_to_ptx_for_the_devices_own_architecture() -> None:
+@pytest.mark.parametrize(("cc", "arch"), [((9, 0), "compute_90"), ((12, 0), "compute_120")])
+def test_the_spin_kernel_compiles_to_ptx_for_the_devices_own_architecture(cc: tuple[int, int], arch: str) -> None:
     nvrtc = _nvrtc()
-    arch = load.ptx_arch((9, 0), nvrtc.supported_archs())
-    assert arch == "compute_90"
-    ptx = load.compile_ptx(nvrtc, arch).decode()
-    assert ".target sm_90" in ptx and f".entry {load.SPIN_KERNEL_NAME}" in ptx and "fma.rn.f32" in ptx
+    assert load.ptx_arch(cc, nvrtc.supported_archs()) == arch
+    raw = load.compile_ptx(nvrtc, arch)
+    assert raw.endswith(b"\0"), "cuModuleLoadData needs NUL-terminated PTX"
+    ptx = raw.rstrip(b"\0").decode()
+    assert f".target sm_{arch.removeprefix('compute_')}" in ptx
+    # the entry cuModuleGetFunction looks up by name (extern "C": unmangled), with the kernel's two parameters (the
+    # float * as .u64, NVVM 20 adding `.ptr .align 1` for sm_120; the unsigned int iterations as .u32)
+    name = load.SPIN_KERNEL_NAME
+    entry = re.search(
+        rf"\.visible \.entry {name}\(\s*\.param \.u64 [^,]*{name}_param_0,\s*\.param \.u32 {name}_param_1\s*\)", ptx
+    )
+    assert entry, ptx[:800]
+    assert ptx.count("fma.rn.f32") >= 4, "the four FMA chains were optimised away"
+
+
+def test_nvrtc_from_a_wheel_off_the_loader_path_finds_its_builtins_and_compiles() -> None:
+    """A fresh interpreter (no builtins loaded yet), NVRTC opened from the wheel's file as open_nvrtc falls back to
+    when the soname does not resolve: nvrtcCompileProgram must find libnvrtc-builtins.so.13.0 beside it."""
+    wheel = [p for p in load.nvrtc_candidates() if "site-packages" in p]
+    assert wheel, "no nvidia-cuda-nvrtc wheel on sys.path: `make venv` installs it (requirements-dev.txt)"
+    code = (
+        "import sys; from sm120check.doctor.health import load; "
+        "ptx = load.compile_ptx(load._open_file(sys.argv[1]), 'compute_90'); print(len(ptx))"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), LD_LIBRARY_PATH="/nonexistent")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, wheel[0]], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) > 1000
 
 
 def test_a_newer_gpu_than_nvrtc_knows_gets_its_newest_ptx_and_an_older_one_none() -> None:

@@ -324,6 +324,16 @@ def nvrtc_candidates(paths: Iterable[str] = ()) -> list[str]:
     return list(dict.fromkeys(f for f in found if not f.endswith((".alt", ".a"))))
 
 
+def _open_file(path: str) -> Nvrtc:
+    """NVRTC from a file off the loader's path, its builtins first: nvrtcCompileProgram dlopens
+    libnvrtc-builtins.so.13.x by soname, which a wheel's lib folder (no RPATH) does not resolve, and fails with
+    NVRTC_ERROR_BUILTIN_OPERATION_FAILURE; once loaded from the same folder, that soname matches the loaded copy."""
+    for builtins in sorted(Path(path).parent.glob("libnvrtc-builtins.so.13*")):
+        if builtins.is_file() and ".alt." not in builtins.name:
+            ctypes.CDLL(str(builtins))
+    return Nvrtc.open(path)
+
+
 def open_nvrtc() -> tuple[Nvrtc | None, str]:
     """NVRTC by soname (as the nvrtc checks open it), else from a CUDA 13 wheel or toolkit; or why not (the compute
     load then says it could not run)."""
@@ -333,7 +343,7 @@ def open_nvrtc() -> tuple[Nvrtc | None, str]:
         first = str(exc)
     for path in nvrtc_candidates():
         try:
-            return Nvrtc.open(path), ""
+            return _open_file(path), ""
         except OSError:
             continue
     return None, f"NVRTC does not load ({first}; no libnvrtc.so.13 in the CUDA 13 wheels or toolkit either)"
