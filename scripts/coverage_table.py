@@ -141,6 +141,8 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
     "tests/gpu/sglang_symm_mem.py": ("tests/gpu/sglang_symm_mem.py", f"{_SRC}/sglang"),
     "tests/gpu/test_comm_gpu.py": ("tests/gpu/test_comm_gpu.py", *_RANKS, f"{_D}/probes"),
     "tests/gpu/test_doctor_gpu.py": ("tests/gpu/test_doctor_gpu.py", *_NVML, *GPU_CHECKS["sm120_jit"]),
+    "tests/gpu/test_health_gpu.py": ("tests/gpu/test_health_gpu.py", *_HEALTH),
+    "scripts/device/sglang_stack.py": ("scripts/device/sglang_stack.py",),
     "scripts/device/doctor-phases.py": ("scripts/device/doctor-phases.py", f"{_D}/child.py", f"{_D}/facts.py"),
     "scripts/device/flashinfer-carry.sh": ("scripts/device/flashinfer-carry.sh",),
     "scripts/device/jit-carry.sh": (
