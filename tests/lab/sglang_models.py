@@ -567,7 +567,7 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tenso
 def _attention(
     emu: Emu, x: torch.Tensor, wts: dict[str, torch.Tensor], prefix: str, spec: ModelSpec, positions: torch.Tensor
 ) -> torch.Tensor:
-    """LlamaAttention over one causal sequence x [T, in]; a batch of one-token rows when all positions are 0."""
+    """LlamaAttention over one causal sequence x [T, in] at positions 0..T-1, or T one-token sequences (all 0)."""
     t = x.shape[0]
     q = emu.linear(x, wts[f"{prefix}.self_attn.q_proj.weight"]).view(t, spec.heads, spec.head_dim)
     k = emu.linear(x, wts[f"{prefix}.self_attn.k_proj.weight"]).view(t, spec.kv_heads, spec.head_dim)
@@ -575,13 +575,13 @@ def _attention(
     q, k = emu.r(_rope(q, positions, spec.rope_theta)), emu.r(_rope(k, positions, spec.rope_theta))
     rep = spec.heads // spec.kv_heads
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(spec.head_dim)
-    if bool((positions == 0).all()) and t > 1:  # a batch of one-token sequences: each attends to itself
-        mask = ~torch.eye(t, dtype=torch.bool)
+    if bool((positions == 0).all()):  # a batch of one-token sequences: each attends to itself only
+        o = v.reshape(t, spec.heads * spec.head_dim)
     else:
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-    scores = scores.masked_fill(mask[None], float("-inf"))
-    o = emu.r(torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).reshape(t, spec.heads * spec.head_dim))
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(spec.head_dim)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        scores = scores.masked_fill(mask[None], float("-inf"))
+        o = emu.r(torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).reshape(t, spec.heads * spec.head_dim))
     return emu.linear(o, wts[f"{prefix}.self_attn.o_proj.weight"])
 
 
