@@ -557,7 +557,7 @@ class Emu:
 def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Neox-style rotary embedding (rotate_half) over the last dim of [T, heads, head_dim]."""
     d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
     ang = positions.to(torch.float32)[:, None] * inv[None, :]
     cos, sin = torch.cat([ang.cos()] * 2, dim=-1)[:, None, :], torch.cat([ang.sin()] * 2, dim=-1)[:, None, :]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
