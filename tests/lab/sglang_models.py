@@ -676,8 +676,13 @@ def margins(logits: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return got - other
 
 
-def check_pair(spec: ModelSpec, device: str, log: Any = print, chunk: int = 2048) -> dict[str, float]:
-    """In memory, the model dtype emulated: target argmax = f and the draft's first step = sigma(f(f(s))), all ids."""
+def check_pair(
+    spec: ModelSpec, device: str, log: Any = print, chunk: int = 2048, ids: int | None = None
+) -> dict[str, float]:
+    """In memory, the model dtype emulated: target argmax = f and the draft's first step = sigma(f(f(s))).
+
+    Every id, or the first `ids` of them (a CPU can check the 7B shape's heads and V-wide MLP only in part).
+    """
     w = _Weights(spec, device)
     emu = Emu(spec.torch_dtype)
     ones = torch.ones(spec.hidden, device=w.device)
@@ -691,8 +696,9 @@ def check_pair(spec: ModelSpec, device: str, log: Any = print, chunk: int = 2048
         sigma = torch.tensor(w.maps.sigma, device=w.device)
         t_head, d_head, fc = w.target_head(), w.draft_head(), w.draft_fc()
         gate, up, down = w.draft_gate(), w.draft_up(), w.draft_down()
-        for lo in range(0, spec.vocab, chunk):
-            e, f = e_all[lo : lo + chunk], f_all[lo : lo + chunk]
+        for lo in range(0, spec.vocab if ids is None else min(ids, spec.vocab), chunk):
+            hi = lo + chunk if ids is None else min(lo + chunk, ids)
+            e, f = e_all[lo:hi], f_all[lo:hi]
             norm_e, _ = emu.rmsnorm(e, ones, eps)
             t_margins.append(margins(emu.linear(norm_e, t_head), f))
             x = emu.linear(torch.cat([e, e, e], dim=1), fc)  # the draft's step from the target's aux [e; e; e]
