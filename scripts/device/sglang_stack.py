@@ -108,8 +108,8 @@ PRUNE = (
     "tvm_ffi/src",
     "bin",
 )
-PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_27_x86_64")
-PLATFORMS += ("manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux1_x86_64")
+_GLIBC = (17, 24, 27, 28, 31, 34)
+PLATFORMS = (*(f"manylinux_2_{n}_x86_64" for n in _GLIBC), "manylinux2014_x86_64", "manylinux1_x86_64")
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,8 @@ class StackRecord:
                 int(raw["unpacked_bytes"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise SystemExit(f"{path}: malformed stack record ({exc!r}); rebuild it with `sglang_stack.py build`")
+            fix = "rebuild it with `sglang_stack.py build`"
+            raise SystemExit(f"{path}: malformed stack record ({exc!r}); {fix}") from None
 
 
 def sha256(path: Path) -> str:
@@ -235,7 +236,8 @@ def build(out: Path, cache: Path) -> StackRecord:
 def install(src: Path, target: Path) -> None:
     record = StackRecord.read(src / "stack.json")
     archive = src / record.archive
-    if not archive.is_file() or archive.stat().st_size != record.archive_bytes or sha256(archive) != record.archive_sha256:
+    intact = archive.is_file() and archive.stat().st_size == record.archive_bytes
+    if not intact or sha256(archive) != record.archive_sha256:
         raise SystemExit(f"{archive} does not match stack.json (size or sha256): rebuild and carry it again")
     stamp = target / ".sm120kit-stack.sha256"
     if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == record.archive_sha256:
