@@ -143,6 +143,17 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
     "tests/gpu/test_doctor_gpu.py": ("tests/gpu/test_doctor_gpu.py", *_NVML, *GPU_CHECKS["sm120_jit"]),
     "tests/gpu/test_health_gpu.py": ("tests/gpu/test_health_gpu.py", *_HEALTH),
     "scripts/device/sglang_stack.py": ("scripts/device/sglang_stack.py",),
+    "scripts/device/sglang_imports.py": ("scripts/device/sglang_imports.py", "scripts/device/sglang_stack.py"),
+    "scripts/device/render_launch.py": ("scripts/device/render_launch.py", "roles/sglang_server"),
+    "scripts/device/sglang-server.sh": ("scripts/device/sglang-server.sh", "scripts/device/sglang_stack.py"),
+    "tests/gpu/test_sglang_server.py": (
+        "tests/gpu/test_sglang_server.py",
+        "tests/gpu/launch",
+        "tests/lab/sglang_models.py",
+        "roles/sglang_server",
+        f"{_SRC}/sglang",
+        f"{_SRC}/bench",
+    ),
     "scripts/device/doctor-phases.py": ("scripts/device/doctor-phases.py", f"{_D}/child.py", f"{_D}/facts.py"),
     "scripts/device/flashinfer-carry.sh": ("scripts/device/flashinfer-carry.sh",),
     "scripts/device/jit-carry.sh": (

@@ -20,7 +20,6 @@ MODULES = (
     "sglang.srt.model_executor.model_runner",
     "sglang.srt.models.llama",
     "sglang.srt.models.llama_eagle3",
-    "sglang.srt.speculative.eagle_worker",
     "sglang.srt.speculative.eagle_worker_v2",
     "sglang.srt.layers.attention.triton_backend",
     "sglang.srt.entrypoints.openai.serving_chat",

@@ -6,18 +6,20 @@ dependencies, but no SGLang. SGLang 0.5.16 pins torch==2.11.0 (the image's), so 
 with these wheels on top (PYTHONPATH first, so transformers 5.12.1 and tokenizers 0.22.2 shadow the image's).
 
     python3 scripts/device/sglang_stack.py build    # here: download the pins, install them for cp312, prune, pack
-    python3 scripts/device/sglang_stack.py install  # there: check the archive's sha256, unpack into --target
+    python3 scripts/device/sglang_stack.py install  # there: check the sha256, make --venv (the stack venv) of it
 
 What is pruned, and why (the device tool carries 64 MiB a call):
 - sglang-kernel 0.4.5: flash_ops (FA3, 1.1 GB unpacked), sm100/ (Blackwell datacenter), flashmla_ops and
   infllm_ops (loaded lazily by MLA and InfLLM backends). `import sgl_kernel` loads sm90/common_ops on an H200; the
-  server runs with `--attention-backend triton` (FA3 is not carried; FlashInfer is not installed at all, so SGLang's
-  sampling falls back to torch).
+  server runs with `--attention-backend triton` and `--sampling-backend pytorch` (FA3 is not carried; FlashInfer
+  0.6.14 is, because SGLang's sampler imports flashinfer.sampling at module level, but without the CUTLASS, CCCL and
+  spdlog headers its JIT builds need: nothing of FlashInfer's is compiled or run by this server).
 - sglang: multimodal_gen/, test/, benchmark/, srt/grpc/ (a 7 MB Rust extension the HTTP server never imports),
   and every __pycache__; xgrammar's static C++ library, zstandard's CFFI backend, tvm-ffi's bundled sources.
 Not carried because the server never imports them eagerly for a Llama model (a static walk of module-level imports
 from sglang.launch_server, the scheduler, model runner, llama, llama_eagle3, the EAGLE workers and the triton
-backend; see `closure`): flashinfer, flash-attn-4, torchao, outlines, llguidance, tilelang, deep-gemm, quack, helion.
+backend; see `closure`; imports under `if is_cuda():` count as guarded there, which is how flashinfer was missed
+until the GPU run named it): flash-attn-4, torchao, outlines, llguidance, tilelang, deep-gemm, quack, helion.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 from dataclasses import asdict, dataclass
@@ -43,6 +46,8 @@ SGLANG = "0.5.16"
 PINS = (
     f"sglang=={SGLANG}",
     "sglang-kernel==0.4.5",
+    "flashinfer-python==0.6.14",  # srt/layers/sampler.py imports flashinfer.sampling at module level on CUDA
+    "sgl-deep-gemm==0.1.4.post1",  # the EAGLE worker's graph capture imports dsa_backend, which imports deep_gemm
     "transformers==5.12.1",
     "tokenizers==0.22.2",  # transformers 5.12.1 asks <=0.23.0 and checks it at import; the image has 0.23.2
     "xgrammar==0.2.1",
@@ -106,6 +111,9 @@ PRUNE = (
     "zstandard/_cffi.cpython-312-x86_64-linux-gnu.so",  # the CFFI backend; zstandard imports backend_c
     "tvm_ffi/3rdparty",  # headers and sources for building extensions
     "tvm_ffi/src",
+    "flashinfer/data/cccl",  # headers for FlashInfer's JIT builds; this server JIT-compiles nothing of FlashInfer's
+    "flashinfer/data/cutlass",
+    "flashinfer/data/spdlog",
     "bin",
 )
 _GLIBC = (17, 24, 27, 28, 31, 34)
@@ -233,25 +241,38 @@ def build(out: Path, cache: Path) -> StackRecord:
     return record
 
 
-def install(src: Path, target: Path) -> None:
+def install(src: Path, venv: Path) -> None:
+    """A venv at `venv` whose site-packages is the archive, with the running interpreter's site-packages after it
+    (a .pth line): the stack's own pins shadow the image's, torch and the rest come from the image. Idempotent:
+    a venv already holding this archive (its sha256 stamp) is left as it is."""
     record = StackRecord.read(src / "stack.json")
     archive = src / record.archive
     intact = archive.is_file() and archive.stat().st_size == record.archive_bytes
     if not intact or sha256(archive) != record.archive_sha256:
         raise SystemExit(f"{archive} does not match stack.json (size or sha256): rebuild and carry it again")
-    stamp = target / ".sm120kit-stack.sha256"
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = venv / "lib" / version / "site-packages"
+    stamp = site / ".sm120kit-stack.sha256"
     if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == record.archive_sha256:
-        print(f"{target}: already holds this stack", flush=True)
+        print(f"{venv}: already holds this stack", flush=True)
         return
-    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    staging = site.with_name("site-packages.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     with tarfile.open(archive, "r:xz") as tar:
         tar.extractall(staging, filter="data")
+    image_site = sysconfig.get_paths()["purelib"]
+    (staging / "zz-image-site.pth").write_text(image_site + "\n", encoding="utf-8")
     (staging / stamp.name).write_text(record.archive_sha256 + "\n", encoding="utf-8")
-    shutil.rmtree(target, ignore_errors=True)
-    staging.replace(target)
-    print(f"{target}: SGLang {record.sglang} stack, {len(record.wheels)} wheels, {record.unpacked_bytes >> 20} MiB")
+    shutil.rmtree(site)
+    staging.replace(site)
+    print(
+        f"{venv}: SGLang {record.sglang} stack, {len(record.wheels)} wheels, {record.unpacked_bytes >> 20} MiB, "
+        f"then {image_site}",
+        flush=True,
+    )
 
 
 def closure(source: Path, entries: list[str]) -> dict[str, bool]:
@@ -323,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--cache", type=Path, default=CACHE)
     i = sub.add_parser("install", help="check the archive and unpack it (on the GPU machine)")
     i.add_argument("--from", dest="src", type=Path, default=DEFAULT_OUT)
-    i.add_argument("--target", type=Path, default=Path("/tmp/sglang-site"))
+    i.add_argument("--venv", type=Path, default=Path("/tmp/sglang-venv"))
     c = sub.add_parser("closure", help="third-party packages SGLang's server modules import at module level")
     c.add_argument("source", type=Path, help="an unpacked SGLang tree (the directory holding sglang/)")
     c.add_argument("entries", nargs="+")
@@ -331,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         build(args.out, args.cache)
     elif args.command == "install":
-        install(args.src, args.target)
+        install(args.src, args.venv)
     else:
         for name, unguarded in sorted(closure(args.source, args.entries).items()):
             print(f"{name:28s} {'eager' if unguarded else 'guarded'}")

@@ -1,0 +1,104 @@
+"""What an SGLang server says about its own decoding: the "Decode batch" lines its scheduler logs every
+`--decode-log-interval` steps (SGLang 0.5.16 `managers/scheduler_components/metrics_reporter.py`).
+
+A line reads, for example (the server's own text; the accept fields only with speculation):
+
+    [2026-12-01 22:10:40] Decode batch, #running-req: 8, #token: 2112, token usage: 0.00, accept len: 3.42,
+    accept rate: 0.81, cuda graph: True, gen throughput (token/s): 1843.20, #queue-req: 0
+
+`server_view` groups these by running requests: under a closed-loop bench at concurrency C the steady state is the
+lines with C running requests and an empty queue, so the server's own throughput and accept length at level C are
+the medians of those lines. A bench that reads the responses can be held against them (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+_LINE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (?P<running>\d+), (?P<rest>.*)$")
+_FIELDS = {
+    "accept_length": re.compile(r"(?:^|, )accept len: (?P<v>[0-9.]+)"),
+    "gen_tok_s": re.compile(r"gen throughput \(token/s\): (?P<v>[0-9.]+)"),
+    "queued": re.compile(r"#queue-req: (?P<v>\d+)"),
+}
+_GRAPH = re.compile(r"(?:cuda graph|[a-z_ ]*graph): (?P<v>True|False)")
+
+
+@dataclass(frozen=True)
+class DecodeLine:
+    """One "Decode batch" line: the requests running, the throughput since the last line, the accept length
+    (None without speculation), the queue, and whether the step ran as a CUDA graph."""
+
+    line: int  # 1-based, in the text read
+    running: int
+    gen_tok_s: float
+    queued: int
+    cuda_graph: bool | None
+    accept_length: float | None
+
+
+@dataclass(frozen=True)
+class LevelView:
+    """The server's own figures for one number of running requests (the steady lines: nothing queued)."""
+
+    running: int
+    lines: int
+    gen_tok_s: float  # median
+    accept_length: float | None  # median, None without speculation
+    cuda_graph: bool | None  # every line said True (False if any said False, None if none said)
+
+
+def parse(text: Iterable[str]) -> list[DecodeLine]:
+    """Every well-formed "Decode batch" line; other lines (and cut ones) are skipped."""
+    rows: list[DecodeLine] = []
+    for number, raw in enumerate(text, 1):
+        match = _LINE.search(raw)
+        if match is None:
+            continue
+        rest = match["rest"]
+        found = {name: pattern.search(rest) for name, pattern in _FIELDS.items()}
+        gen, queued = found["gen_tok_s"], found["queued"]
+        if gen is None or queued is None:
+            continue
+        accept = found["accept_length"]
+        graph = _GRAPH.search(rest)
+        rows.append(
+            DecodeLine(
+                line=number,
+                running=int(match["running"]),
+                gen_tok_s=float(gen["v"]),
+                queued=int(queued["v"]),
+                cuda_graph=None if graph is None else graph["v"] == "True",
+                accept_length=None if accept is None else float(accept["v"]),
+            )
+        )
+    return rows
+
+
+def server_view(rows: Sequence[DecodeLine], *, after: int = 0) -> Mapping[int, LevelView]:
+    """Per number of running requests, the medians of the steady lines (nothing queued) after line `after`.
+    A line's throughput covers the steps since the previous line, so the first line of a run of equal
+    `running` values (the ramp into a level) is left out."""
+    groups: dict[int, list[DecodeLine]] = {}
+    previous: int | None = None
+    for row in rows:
+        if row.line <= after:
+            continue
+        if row.queued == 0 and row.running == previous:
+            groups.setdefault(row.running, []).append(row)
+        previous = row.running
+    views: dict[int, LevelView] = {}
+    for running, group in sorted(groups.items()):
+        accepts = [r.accept_length for r in group if r.accept_length is not None]
+        graphs = [r.cuda_graph for r in group if r.cuda_graph is not None]
+        views[running] = LevelView(
+            running=running,
+            lines=len(group),
+            gen_tok_s=statistics.median(r.gen_tok_s for r in group),
+            accept_length=statistics.median(accepts) if accepts else None,
+            cuda_graph=all(graphs) if graphs else None,
+        )
+    return views

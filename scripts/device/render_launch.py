@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Render the SGLang launch commands the `sglang_server` role writes for the lent H200, with ansible-playbook,
+into tests/gpu/launch/ (committed; tests/gpu/test_sglang_server.py starts the servers from these files, and
+tests/ansible/test_gpu_launch_files.py fails when the role would render them differently now).
+
+    .venv/bin/python scripts/device/render_launch.py [--out DIR]
+
+Files: base.txt (no speculation), spec.txt (EAGLE-3, 3 steps, topk 1, 4 draft tokens), fusion-on-one-gpu.txt
+(the base command with `sglang_server_allreduce_fusion: on`: a launch file that claims fusion on one GPU, which
+verify-launch must call degraded), wait.json (the role's health URL, retries and delay: the bounded wait).
+No doctor report is given, so `auto` leaves fusion and symmetric memory off (fail closed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "tests" / "gpu" / "launch"
+# The stack venv scripts/device/sglang_stack.py makes there: SGLang's pins, then the image's torch 2.11.0+cu130.
+DEVICE_PYTHON = "/tmp/sglang-venv/bin/python"
+MODELS = "/tmp/sm120kit-models/serve"  # where tests/gpu writes the target and draft (tests/lab/sglang_models.py)
+# The server options this stack needs on the H200 (scripts/device/sglang_stack.py says why): triton attention and
+# torch sampling (FA3 and FlashInfer's JIT are not carried), no prefill CUDA graph (its capture costs a minute of
+# every start; decode graphs stay on), metrics and a decode log line every 10 steps (the server's own counts).
+EXTRA_ARGS = [
+    "--attention-backend",
+    "triton",
+    "--sampling-backend",
+    "pytorch",
+    "--cuda-graph-backend-prefill",
+    "disabled",
+    "--mem-fraction-static",
+    "0.8",
+    "--enable-metrics",
+    "--decode-log-interval",
+    "10",
+]
+VARIANTS: dict[str, dict[str, object]] = {
+    "base": {"sglang_server_speculative": False},
+    "spec": {"sglang_server_speculative": True},
+    "fusion-on-one-gpu": {"sglang_server_speculative": False, "sglang_server_allreduce_fusion": "on"},
+}
+PLAY = """- hosts: localhost
+  connection: local
+  gather_facts: false
+  roles: [sglang_server]
+  post_tasks:
+    - name: Write the bounded wait the role would run
+      ansible.builtin.copy:
+        content: "{{ {'health_url': sglang_server_health_url, 'retries': sglang_server_health_retries | int,
+                     'delay': sglang_server_health_delay | int} | to_json }}"
+        dest: "{{ sglang_server_config_dir }}/wait.json"
+        mode: "0644"
+      tags: [always]
+"""
+
+
+def render(name: str, overrides: dict[str, object], work: Path) -> tuple[str, str]:
+    """The launch command and wait.json the role writes for one variant."""
+    config = work / name
+    variables: dict[str, object] = {
+        "sglang_server_model_path": f"{MODELS}/target",
+        "sglang_server_draft_model_path": f"{MODELS}/draft",
+        "sglang_server_python": DEVICE_PYTHON,
+        "sglang_server_tp_size": 1,
+        "sglang_server_extra_args": EXTRA_ARGS,
+        "sglang_server_config_dir": str(config),
+        "sglang_server_unit_dir": str(work / "units"),
+        "sglang_server_doctor_report": str(work / "no-doctor-report.json"),
+        "ansible_python_interpreter": sys.executable,
+        **overrides,
+    }
+    (work / "units").mkdir(exist_ok=True)
+    (work / "play.yml").write_text(PLAY, encoding="utf-8")
+    (work / f"{name}.json").write_text(json.dumps(variables), encoding="utf-8")
+    playbook = Path(sys.executable).parent / "ansible-playbook"
+    cmd = [str(playbook), str(work / "play.yml"), "-i", "localhost,", "-e", f"@{work / f'{name}.json'}"]
+    cmd += ["--tags", "sglang_server_configure,always"]
+    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_NOCOLOR": "1"}
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300, check=False)
+    if run.returncode != 0:
+        raise SystemExit(f"ansible-playbook failed for {name}:\n{run.stdout[-3000:]}\n{run.stderr[-2000:]}")
+    return (config / "launch-command.txt").read_text(encoding="utf-8"), (config / "wait.json").read_text()
+
+
+def render_all(out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tempfile.TemporaryDirectory(prefix="render-launch-") as tmp:
+        wait = ""
+        for name, overrides in VARIANTS.items():
+            command, wait = render(name, overrides, Path(tmp))
+            (out / f"{name}.txt").write_text(command, encoding="utf-8")
+            written.append(out / f"{name}.txt")
+        (out / "wait.json").write_text(wait.strip() + "\n", encoding="utf-8")
+        written.append(out / "wait.json")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    for path in render_all(args.out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
