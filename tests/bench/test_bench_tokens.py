@@ -128,3 +128,19 @@ def test_cache_prompt_is_sent_only_when_set_and_never_to_sglang() -> None:
     assert build_body(Api.OPENAI_CHAT, spec)["cache_prompt"] is False
     assert "cache_prompt" not in build_body(Api.OPENAI_CHAT, RequestSpec("hi", 4))
     assert "cache_prompt" not in build_body(Api.SGLANG, spec)
+
+
+def test_sglang_meta_info_cached_tokens_are_read() -> None:
+    """The last event of a real SGLang 0.5.16 /generate (recorded on the H200): meta_info carries cached_tokens,
+    so --api sglang records a cache-hit fraction (it was None before: only OpenAI usage details were read)."""
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[1] / "sglang/fixtures/server-0.5.16/generate-response.json"
+    event = json.loads(fixture.read_text())
+    tally = StreamTally()
+    tally.add_event(Api.SGLANG, json.dumps(event), 1.0)
+    assert (tally.prompt_tokens, tally.cached_prompt_tokens) == (3, 0)
+    event["meta_info"]["cached_tokens"] = 2
+    hit = StreamTally()
+    hit.add_event(Api.SGLANG, json.dumps(event), 1.0)
+    assert hit.cached_prompt_tokens == 2

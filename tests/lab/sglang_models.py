@@ -4,8 +4,10 @@ No weights can be downloaded, so the tests write them. `python tests/lab/sglang_
 DIR/target (LlamaForCausalLM) and DIR/draft (LlamaForCausalLMEagle3), each with config.json, *.safetensors (sharded
 with model.safetensors.index.json when large), generation_config.json and a real `tokenizers` tokenizer.
 
-Vocabulary (V ids): 0 <unk>, 1 <s> (bos), 2 </s> (eos), then the words "w0".."w{V-4}" (id 3 + k is "w{k}"); WordLevel
-model, whitespace pre-tokenizer, decoded joined by spaces. The chat template is bos then the messages' contents.
+Vocabulary (V ids): 0 <unk>, 1 <s> (bos), 2 </s> (eos), then the words "w0".."w{n-1}" (id 3 + k is "w{k}"), then 188
+character pieces ("c", "##c" for printable ASCII) in the last ids where V allows (`char_pieces`); WordPiece model (a
+word not in the vocabulary is spelled in character pieces, so no two different prompts tokenize alike), whitespace
+pre-tokenizer, decoded joined by spaces. The chat template is bos then the messages' contents.
 
 The construction (E: V x H Gaussian rows scaled to RMS exactly 1, so RMSNorm(e_i) = e_i with norm weights 1):
 - A token map f: one cycle over the regular ids (a seeded permutation); each special id maps to a distinct regular id,
@@ -370,13 +372,27 @@ def draft_config(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
+def char_pieces(spec: ModelSpec) -> list[str]:
+    """The character pieces at the top of the vocabulary ("c" and "##c" for every printable ASCII character), so
+    any text, the bench's unique request tags included, tokenizes into distinct ids instead of <unk> (with <unk>
+    every prompt is the same token sequence and the server's prefix cache answers 95 % of it: seen on the H200).
+    None for a vocabulary too small to hold them beside 16 words."""
+    chars = [chr(c) for c in range(33, 127)]
+    pieces = [*chars, *(f"##{c}" for c in chars)]
+    return pieces if spec.regular >= len(pieces) + 16 else []
+
+
 def build_tokenizer(spec: ModelSpec) -> Any:
-    """A WordLevel `tokenizers.Tokenizer`: the special tokens, then "w0".."w{V-4}"."""
+    """A WordPiece `tokenizers.Tokenizer`: the special tokens, the words "w0".."w{n-1}", then the character pieces
+    (`char_pieces`) in the last ids; a word not in the vocabulary is spelled in character pieces."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+    pieces = char_pieces(spec)
+    words = spec.regular - len(pieces)
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    vocab.update({f"w{k}": N_SPECIAL + k for k in range(spec.regular)})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    vocab.update({f"w{k}": N_SPECIAL + k for k in range(words)})
+    vocab.update({piece: N_SPECIAL + words + k for k, piece in enumerate(pieces)})
+    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>", continuing_subword_prefix="##"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])

@@ -160,7 +160,13 @@ def test_tokenizer(tiny: Path) -> None:
     enc = tok.encode("w1 w2 w3", add_special_tokens=False)
     assert enc.ids == [N_SPECIAL + 1, N_SPECIAL + 2, N_SPECIAL + 3]
     assert tok.decode(enc.ids) == "w1 w2 w3"
-    assert tok.encode("<s> w1 nonsense", add_special_tokens=False).ids == [BOS_ID, N_SPECIAL + 1, UNK_ID]
+    spelled = tok.encode("<s> w1 nonsense", add_special_tokens=False)
+    assert spelled.ids[:2] == [BOS_ID, N_SPECIAL + 1] and UNK_ID not in spelled.ids and len(spelled.ids) == 2 + 8
+    assert tok.decode(spelled.ids) == "w1 nonsense"
+    # The bench's prompts (a unique tag first): distinct text, distinct ids, no <unk> (the server's prefix cache
+    # answered 95 % of every prompt on the H200 when all of them were <unk>)
+    one, two = (tok.encode(f"[r1 C8 #{i}] The operators of a cluster", add_special_tokens=False).ids for i in (3, 4))
+    assert one != two and UNK_ID not in one + two
     cfg = json.loads((tiny / "target" / "tokenizer_config.json").read_text())
     assert cfg["chat_template"] == CHAT_TEMPLATE
     assert tok.token_to_id(cfg["bos_token"]) == BOS_ID and tok.token_to_id(cfg["eos_token"]) == EOS_ID

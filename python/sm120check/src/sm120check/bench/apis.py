@@ -126,7 +126,9 @@ class StreamTally:
             self._cumulative(cum, now, delta_chars, "meta_info")
         elif delta_chars:
             self.chunks.append((now, None, delta_chars))
-        for key, attr in (("prompt_tokens", "prompt_tokens"), ("spec_verify_ct", "spec_verify_ct")):
+        # meta_info.cached_tokens: the prompt tokens SGLang's radix cache answered (0.5.x; seen on 0.5.16)
+        fields = (("prompt_tokens", "prompt_tokens"), ("spec_verify_ct", "spec_verify_ct"))
+        for key, attr in (*fields, ("cached_tokens", "cached_prompt_tokens")):
             value = meta.get(key)
             if isinstance(value, int) and not isinstance(value, bool):
                 if value < 0:

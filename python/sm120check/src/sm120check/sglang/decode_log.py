@@ -102,3 +102,29 @@ def server_view(rows: Sequence[DecodeLine], *, after: int = 0) -> Mapping[int, L
             cuda_graph=all(graphs) if graphs else None,
         )
     return views
+
+
+@dataclass(frozen=True)
+class LevelRate:
+    """The server's own throughput over a stretch of its log: tokens generated over the time they took."""
+
+    lines: int
+    tokens: float
+    seconds: float
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def level_rate(rows: Sequence[DecodeLine], *, after: int, interval: int) -> LevelRate | None:
+    """Throughput over every "Decode batch" line after line `after`, from the server's own numbers: a line covers
+    `interval` decode steps (--decode-log-interval) of `running` requests, each step `accept_length` tokens a request
+    with speculation, and its throughput gives the seconds they took (its own wall clock, prefills between steps
+    included). The first line is left out: its span reaches back over the idle time before the level."""
+    chosen = [r for r in rows if r.line > after][1:]
+    spans = [(interval * r.running * (r.accept_length or 1.0), r.gen_tok_s) for r in chosen if r.gen_tok_s > 0]
+    if not spans:
+        return None
+    tokens = sum(t for t, _ in spans)
+    return LevelRate(len(spans), tokens, sum(t / rate for t, rate in spans))

@@ -1,0 +1,52 @@
+"""The server's own decode lines (sglang/decode_log.py) read from a real SGLang 0.5.16 log (the base server on the
+H200, tests/sglang/fixtures/server-0.5.16/smoke-base.log) and from lines in the format of metrics_reporter.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sm120check.sglang import decode_log
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "server-0.5.16"
+SPEC_LINE = (
+    "[2026-12-01 22:25:39] Decode batch, #running-req: {n}, #token: 122, token usage: 0.00, accept len: {a}, "
+    "accept rate: 0.73, cuda graph: True, gen throughput (token/s): {t}, #queue-req: {q}"
+)  # a line of the EAGLE-3 server's log on the H200, its numbers varied
+
+
+def test_the_real_base_log_has_one_decode_line_read_exactly() -> None:
+    rows = decode_log.parse(FIXTURES.joinpath("smoke-base.log").read_text().splitlines())
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row.running, row.gen_tok_s, row.queued, row.cuda_graph, row.accept_length) == (1, 3.2, 0, True, None)
+
+
+def test_speculative_lines_give_the_accept_length_and_steady_medians() -> None:
+    text = [
+        SPEC_LINE.format(n=1, a="3.20", t="621.44", q=0),
+        SPEC_LINE.format(n=8, a="3.40", t="3000.00", q=2),  # first of its run (the ramp) and queued: left out
+        SPEC_LINE.format(n=8, a="3.40", t="3100.00", q=0),
+        SPEC_LINE.format(n=8, a="3.60", t="3300.00", q=0),
+        SPEC_LINE.format(n=8, a="3.00", t="3500.00", q=0),
+        "[2026-12-01 22:25:40] Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0",
+        SPEC_LINE.format(n=8, a="3.2", t="bad", q=0),  # malformed: skipped
+    ]
+    rows = decode_log.parse(text)
+    assert [r.running for r in rows] == [1, 8, 8, 8, 8]
+    view = decode_log.server_view(rows)
+    assert set(view) == {8}  # the C=1 line has no predecessor at 1
+    assert (view[8].lines, view[8].gen_tok_s, view[8].accept_length, view[8].cuda_graph) == (3, 3300.0, 3.4, True)
+
+
+def test_level_rate_weighs_each_line_by_the_tokens_it_covers() -> None:
+    text = [
+        SPEC_LINE.format(n=8, a="1.00", t="10.00", q=0),  # spans the idle time before the level: left out
+        SPEC_LINE.format(n=8, a="2.00", t="1600.00", q=0),  # 10 steps x 8 x 2 = 160 tokens in 0.1 s
+        SPEC_LINE.format(n=4, a="3.00", t="400.00", q=0),  # 120 tokens in 0.3 s
+    ]
+    rate = decode_log.level_rate(decode_log.parse(text), after=0, interval=10)
+    assert rate is not None and rate.lines == 2 and rate.tokens == pytest.approx(280.0)
+    assert rate.tok_s == pytest.approx(280.0 / 0.4)
+    assert decode_log.level_rate(decode_log.parse(text), after=3, interval=10) is None
