@@ -144,3 +144,17 @@ def test_sglang_meta_info_cached_tokens_are_read() -> None:
     hit = StreamTally()
     hit.add_event(Api.SGLANG, json.dumps(event), 1.0)
     assert hit.cached_prompt_tokens == 2
+
+
+def test_unique_prompts_of_one_run_share_no_more_than_the_tags_bracket() -> None:
+    """A prefix cache matches from the first token: the tag's varying part (the request's index) comes first."""
+    from sm120check.bench.prompts import unique_prompt
+
+    body = "The operators of a small inference cluster"
+    tags = [unique_prompt(body, "2026-12-01T22:31:12Z-ab12", 8, i) for i in (3, 4, 13, 30)]
+    for a in tags:
+        for b in tags:
+            if a != b:
+                shared = next(k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+                assert shared <= 3, (a, b)  # "[#", and "[#1" for 1 and 13
+    assert unique_prompt(body, "r", 8, 3).endswith(body) and len(set(tags)) == len(tags)
