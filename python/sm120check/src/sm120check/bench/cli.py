@@ -34,6 +34,8 @@ from sm120check.bench.metrics import Scrape, SpecFamily, family_for, spec_delta
 from sm120check.bench.openloop import HARD_MAX_IN_FLIGHT, OpenLoopStats, RatePlan, peak_in_flight, run_rate_level
 from sm120check.bench.prompts import load_prompt_file, synthetic_prompts, unique_prompt
 from sm120check.bench.records import LevelSummary, append_jsonl, seed_table
+from sm120check.bench.speculation import FLAG as DRAFT_FLAG
+from sm120check.bench.speculation import draft_problem
 from sm120check.exitcodes import Exit
 
 DEFAULT_LEVELS = "1,2,5,10,30,70,100,250"
@@ -483,6 +485,8 @@ async def _sweep(
             **open_meta,
             **level_meta,
         )
+        if problem := draft_problem(summary.concurrency, facts.speculative, summary.accept_length):
+            summary = replace(summary, warnings=(*summary.warnings, problem), flags=(*summary.flags, DRAFT_FLAG))
         summary = replace(summary, label=args.label, run_id=run_id, meta=level_meta)
         summaries.append(summary)
         if args.out:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from sm120check.bench.goodput import Goodput, GoodputError
 from sm120check.bench.percentiles import mean_std
 from sm120check.bench.records import LevelSummary, RecordError
+from sm120check.bench.speculation import FLAG as DRAFT_FLAG
 
 Curve = dict[int, LevelSummary]  # concurrency -> one run's level record
 
@@ -124,6 +125,7 @@ def analyze(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: t
     """Compare the two sweeps. Raises RecordError when they cannot be compared."""
     warnings: list[str] = []
     base, spec = _closed_only(base, names[0], warnings), _closed_only(spec, names[1], warnings)
+    refuse_unaccepted_draft(spec, names[1])
     base_runs = group_runs(base, names[0], warnings)
     spec_runs = group_runs(spec, names[1], warnings)
     _check_labels(base, spec, names, warnings)
@@ -508,6 +510,14 @@ def level_goodput(record: LevelSummary, where: str) -> Goodput | None:
         return Goodput.from_json(raw, where)
     except GoodputError as exc:
         raise RecordError(str(exc)) from None
+
+
+def refuse_unaccepted_draft(spec: Sequence[LevelSummary], name: str) -> None:
+    """A speculative sweep whose draft was not accepted at concurrency 1 (bench flag draft_not_accepted) is not one."""
+    bad = next((r for r in spec if DRAFT_FLAG in r.flags), None)
+    if bad is not None:
+        problem = next((w for w in bad.warnings if "sglang#21272" in w), "its draft was not accepted")
+        raise RecordError(f"{name}: not a speculative sweep: {problem}")
 
 
 def _closed_only(records: Sequence[LevelSummary], name: str, warnings: list[str]) -> list[LevelSummary]:
