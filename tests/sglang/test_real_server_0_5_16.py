@@ -1,0 +1,102 @@
+"""verify-launch and the decode-log reader on what a real SGLang 0.5.16 server wrote on the lent H200
+(2026-12-01, docs/validation/2026-12-01-h200-sglang-server): its startup log (paths redacted to <site-packages>)
+and its /server_info, served here on 127.0.0.1, against the launch files the sglang_server role rendered
+(tests/gpu/launch). The verdicts must be the ones verify-launch gave against the live servers there."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.loopback import QuietHandler, serve, url
+from sm120check import cli
+from sm120check.sglang import decode_log
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "sglang" / "fixtures" / "server-0.5.16"
+LAUNCH = ROOT / "tests" / "gpu" / "launch"
+
+
+def _handler(info: bytes) -> type[QuietHandler]:
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            found = path in ("/server_info", "/get_server_info")
+            self.send(200 if found else 404, "application/json", info if found else b"{}")
+
+    return Handler
+
+
+@contextlib.contextmanager
+def recorded(name: str) -> Iterator[str]:
+    with serve(_handler(FIXTURES.joinpath(f"{name}-server_info.json").read_bytes())) as server:
+        yield url(server)
+
+
+def verify(server: str, log: str, launch: str) -> tuple[int, dict[str, Any]]:
+    out = io.StringIO()
+    argv = ["sglang", "verify-launch", "--json", "--url", server, "--log", str(FIXTURES / f"{log}-startup.log")]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        status = cli.main([*argv, "--launch-command", str(LAUNCH / launch)])
+    report: dict[str, Any] = json.loads(out.getvalue())
+    return status, report
+
+
+def verdicts(report: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {v["expectation"]: (v["verdict"], v["summary"]) for v in report["verdicts"]}
+
+
+@pytest.mark.parametrize(
+    ("server", "launch", "status", "expected"),
+    [
+        ("base", "base.txt", 0, {"cuda-graph": ("ok", "internal_states[0].memory_usage.graph=0.20 GB")}),
+        (
+            "base",
+            "spec.txt",
+            1,
+            {
+                "cuda-graph": ("ok", "internal_states[0].memory_usage.graph=0.20 GB"),
+                "speculative": ("degraded", "server_args.speculative_algorithm=null"),
+            },
+        ),
+        (
+            "base",
+            "fusion-on-one-gpu.txt",
+            1,
+            {
+                "cuda-graph": ("ok", "internal_states[0].memory_usage.graph=0.20 GB"),
+                "fusion": ("degraded", "server_args.enforce_disable_flashinfer_allreduce_fusion=true"),
+            },
+        ),
+        (
+            "spec",
+            "spec.txt",
+            0,
+            {
+                "cuda-graph": ("ok", "internal_states[0].memory_usage.graph=0.16 GB"),
+                "speculative": ("ok", 'server_args.speculative_algorithm="EAGLE3"'),
+            },
+        ),
+    ],
+)
+def test_verdicts_on_the_real_servers_record(
+    server: str, launch: str, status: int, expected: dict[str, tuple[str, str]]
+) -> None:
+    with recorded(server) as where:
+        code, report = verify(where, server, launch)
+    assert report["sglang_version"] == "0.5.16" and report["log"]["ready"] is True
+    assert (code, verdicts(report)) == (status, expected)
+
+
+def test_the_eagle3_servers_decode_lines_carry_its_accept_length() -> None:
+    rows = decode_log.parse(FIXTURES.joinpath("spec-startup.log").read_text().splitlines())
+    assert rows and all(r.accept_length is not None and 1.0 <= r.accept_length <= 4.0 for r in rows)
+    assert all(r.cuda_graph is True for r in rows)
+    info = json.loads(FIXTURES.joinpath("spec-server_info.json").read_text())
+    assert info["speculative_num_steps"] == 3 and info["decode_log_interval"] == 10
