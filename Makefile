@@ -8,7 +8,7 @@ INVENTORY ?= inventory/localhost.yml
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k doctor"`.
 PYTEST_ARGS ?=
 
-.PHONY: help venv provision fleet wheelhouse lab llama-server lint test test-fast test-full bench readmes clean
+.PHONY: help venv provision fleet wheelhouse lab llama-server lint test test-fast test-full test-gpu sglang-stack bench readmes clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -52,6 +52,12 @@ test-fast: venv  ## the fast tier: no containers, no downloads
 
 test-full: venv lab  ## converge the full profile (torch, FlashInfer, SGLang) into a container from a wheelhouse
 	$(BIN)/pytest -m full $(PYTEST_ARGS)
+
+sglang-stack:  ## build the SGLang 0.5.16 server stack the GPU machine carries (.carry/sglang-0.5.16, about 45 MiB)
+	$(PYTHON) scripts/device/sglang_stack.py build
+
+test-gpu:  ## on a GPU machine: the stack venv from .carry/sglang-0.5.16, then pytest -m gpu tests/gpu (summary in OUT/pytest-gpu.txt)
+	bash scripts/device/sglang-server.sh stack gputests
 
 bench: venv  ## benchmarks: print tables and write benchmarks/results/*.json
 	$(BIN)/python benchmarks/run_all.py
