@@ -325,6 +325,8 @@ class SimServer:
             stats.any_spec_release = True
 
     def _finish(self, seq: _Seq) -> None:
+        if self.flavour != "llamacpp":
+            self._stats.released_tokens += seq.produced  # sglang:generation_tokens_total moves at release
         if self.flavour == "llamacpp":
             for event in self._llama_final(seq):
                 seq.writer.write(_frame(event))
@@ -378,6 +380,8 @@ class SimServer:
             _respond(writer, 200, self._slots())
         elif llama and method == "GET" and path == "/metrics" and self.metrics:
             _respond(writer, 200, self._metrics(), content_type="text/plain; version=0.0.4")
+        elif not llama and method == "GET" and path == "/metrics":
+            _respond(writer, 200, self._sglang_metrics(), content_type="text/plain; version=0.0.4")
         elif llama and method == "GET" and path == "/metrics":  # llama-server without --metrics
             _respond(writer, 501, {"error": {"code": 501, "message": "This server does not support metrics endpoint."}})
         elif llama and path in ("/get_server_info", "/server_info", "/generate"):
@@ -409,6 +413,14 @@ class SimServer:
             {"id": i, "n_ctx": 512, "speculative": spec, "is_processing": False, "params": {"speculative.types": types}}
             for i in range(min(self.model.max_batch, 4))
         ]
+
+    def _sglang_metrics(self) -> str:
+        """SGLang's (--enable-metrics) released-token counter, under its own name: moved when a request is released,
+        as SGLang 0.5.16's `observe_one_finished_request` does."""
+        name = "sglang:generation_tokens_total"
+        return f"# HELP {name} Number of generation tokens processed.\n# TYPE {name} counter\n" + (
+            f'{name}{{model_name="sim-model"}} {self._stats.released_tokens}\n'
+        )
 
     def _metrics(self) -> str:
         s = self._stats

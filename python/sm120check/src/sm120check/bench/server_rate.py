@@ -1,0 +1,128 @@
+"""The server's own throughput over the bench's steady window: its generation counter, read from /metrics while a
+level runs, against the bench's figure for the same window.
+
+Engines count a request's output tokens when it is released (SGLang `sglang:generation_tokens_total`, llama.cpp
+`llamacpp:tokens_predicted_total`, vLLM `vllm:generation_tokens_total`), so the counter's rate over a window is a
+completion rate: over a window of many request lifetimes it equals the streaming rate the bench measures, over a
+short one it differs by up to one lifetime's tokens at each edge. The comparison is therefore reported with the
+window's lifetimes, and only called a disagreement where the window spans at least MIN_LIFETIMES.
+
+On a real SGLang 0.5.16 server the level figure reconstructed from its decode log could not be cut at the bench's
+window (whole-second timestamps): off by up to 59 % on short levels (docs/validation/2026-12-01-h200-sglang-server).
+The counter, read here every SAMPLE_S on the bench's own clock, can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from sm120check.bench.engines import scrape_metrics
+from sm120check.bench.http import Endpoint
+
+GENERATION_COUNTERS = {
+    "sglang": "sglang:generation_tokens_total",
+    "llama.cpp": "llamacpp:tokens_predicted_total",
+    "vllm": "vllm:generation_tokens_total",
+}
+SAMPLE_S = 0.25
+TOLERANCE = 0.05  # the bench's throughput and the server's counter agree within this, over a long enough window
+MIN_LIFETIMES = 8.0  # shorter windows: the completion counter's edge error can exceed the tolerance
+
+
+@dataclass
+class CounterTrace:
+    """(time on the bench's perf_counter clock, counter value), in time order."""
+
+    name: str
+    times: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+    def add(self, when: float, value: float) -> None:
+        if self.times and (when <= self.times[-1] or value < self.values[-1]):
+            return  # out of order, or a counter that went back (a restart): keep the trace monotonic
+        self.times.append(when)
+        self.values.append(value)
+
+    def at(self, when: float) -> float | None:
+        """The counter at `when`, linearly between the samples around it; None outside the trace."""
+        if not self.times or when < self.times[0] or when > self.times[-1]:
+            return None
+        i = bisect.bisect_left(self.times, when)
+        if self.times[i] == when:
+            return self.values[i]
+        t0, t1, v0, v1 = self.times[i - 1], self.times[i], self.values[i - 1], self.values[i]
+        return v0 + (v1 - v0) * (when - t0) / (t1 - t0)
+
+    def rate(self, lo: float, hi: float) -> float | None:
+        start, end = self.at(lo), self.at(hi)
+        if start is None or end is None or hi <= lo:
+            return None
+        return (end - start) / (hi - lo)
+
+
+@dataclass(frozen=True)
+class WindowCheck:
+    """The server's counter rate over the bench's window, and what the comparison says."""
+
+    counter: str
+    server_tok_s: float | None
+    warning: str  # "" when they agree, the window is too short to judge, or there is no counter
+
+    def to_meta(self) -> dict[str, object]:
+        rate = None if self.server_tok_s is None else round(self.server_tok_s, 3)
+        return {"server_counter": self.counter, "server_window_tok_s": rate}
+
+
+def judge(
+    trace: CounterTrace, lo: float | None, hi: float | None, bench: float, lifetimes: float | None
+) -> WindowCheck:
+    """The bench's window throughput against the server's counter over the same window (pure)."""
+    rate = trace.rate(lo, hi) if lo is not None and hi is not None else None
+    if rate is None or rate <= 0:
+        return WindowCheck(trace.name, rate, "")
+    off = (bench - rate) / rate
+    if abs(off) <= TOLERANCE or lifetimes is None or lifetimes < MIN_LIFETIMES:
+        return WindowCheck(trace.name, rate, "")
+    return WindowCheck(
+        trace.name,
+        rate,
+        f"the server's own {trace.name} grew {rate:.1f} tok/s over the steady window, the bench measured "
+        f"{bench:.1f} ({off:+.1%}): check the client (CPU-bound or lagging) and the server's other traffic",
+    )
+
+
+class CounterSampler:
+    """Reads one counter from /metrics every SAMPLE_S while a level runs (bounded: each read has its timeout)."""
+
+    def __init__(self, endpoint: Endpoint, headers: dict[str, str], name: str, timeout: float) -> None:
+        self.trace = CounterTrace(name)
+        self._endpoint, self._headers, self._timeout = endpoint, headers, timeout
+        self._task: asyncio.Task[None] | None = None
+
+    async def _read(self) -> None:
+        scrape = await scrape_metrics(self._endpoint, self._headers, self._timeout)
+        value = scrape.value(self.trace.name) if scrape is not None else None
+        if value is not None:
+            self.trace.add(time.perf_counter(), value)
+
+    async def _loop(self) -> None:
+        while True:
+            await self._read()
+            await asyncio.sleep(SAMPLE_S)
+
+    async def __aenter__(self) -> CounterSampler:
+        await self._read()
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            # a read that failed as it was cancelled changes nothing
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        await self._read()  # the level's last releases
