@@ -7,7 +7,8 @@ tests/ansible/test_gpu_launch_files.py fails when the role would render them dif
 
 Files: base.txt (no speculation), spec.txt (EAGLE-3, 3 steps, topk 1, 4 draft tokens), fusion-on-one-gpu.txt
 (the base command with `sglang_server_allreduce_fusion: on`: a launch file that claims fusion on one GPU, which
-verify-launch must call degraded), wait.json (the role's health URL, retries and delay: the bounded wait).
+verify-launch must call degraded), no-graphs.txt (the base command with --disable-cuda-graph: the server base.txt's
+CUDA-graph claim is checked against), wait.json (the role's health URL, retries and delay: the bounded wait).
 No doctor report is given, so `auto` leaves fusion and symmetric memory off (fail closed).
 """
 
@@ -46,6 +47,12 @@ VARIANTS: dict[str, dict[str, object]] = {
     "base": {"sglang_server_speculative": False},
     "spec": {"sglang_server_speculative": True},
     "fusion-on-one-gpu": {"sglang_server_speculative": False, "sglang_server_allreduce_fusion": "on"},
+    # a server without CUDA graphs (SGLang 0.5.16 still takes the deprecated --disable-cuda-graph), against which
+    # base.txt, which asks for them, must not be ok
+    "no-graphs": {
+        "sglang_server_speculative": False,
+        "sglang_server_extra_args": [*EXTRA_ARGS, "--disable-cuda-graph"],
+    },
 }
 PLAY = """- hosts: localhost
   connection: local

@@ -379,6 +379,18 @@ class TestSpec:
         base_one = RESULTS["base-sglang"][0].record
         assert one["throughput_tok_s"] > base_one["throughput_tok_s"], (one, base_one)
 
+    @pytest.mark.parametrize("api", ["openai-completions", "openai-chat"])
+    def test_openai_apis_count_what_the_eagle3_server_counts(self, spec_server: Server, api: str) -> None:
+        results = [bench_level(spec_server, api, c, "spec") for c in (1, 64)]
+        problems = {lv.concurrency: check_level(lv) for lv in results}
+        for lv in results:
+            accept, verify_calls = lv.record.get("accept_length"), lv.server_verify
+            server = lv.server_tokens / verify_calls if verify_calls else None
+            if server is not None and accept is not None and abs(accept - server) > TOLERANCE * server:
+                problems[lv.concurrency].append(f"accept length {accept} against the server's counters {server}")
+        save(f"levels-spec-{api}.json", level_table(results))
+        assert not any(problems.values()), problems
+
     def test_a_server_that_dies_mid_sweep_ends_the_sweep_with_the_records_kept(self, spec_server: Server) -> None:
         out = OUT / "bench-dies.jsonl"
         cmd = [sys.executable, "-m", "sm120check", "bench", "--url", spec_server.url, "--concurrency", "1,2,4,8"]
@@ -395,6 +407,20 @@ class TestSpec:
         kept = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
         assert kept and kept[0]["concurrency"] == 1
         assert "stopped" in stderr or "error" in stderr.lower(), stderr[-2000:]
+
+
+@pytest.fixture(scope="class")
+def no_graphs_server(patched: Patched, models: Path) -> Iterator[Server]:
+    yield from start("no-graphs", LAUNCH / "no-graphs.txt")
+
+
+class TestNoGraphs:
+    def test_verify_launch_catches_cuda_graphs_claimed_where_they_are_off(self, no_graphs_server: Server) -> None:
+        rc, verdicts, report = verify(no_graphs_server, "base.txt")
+        assert verdicts["cuda-graph"] in ("degraded", "unknown"), report
+        assert rc == (1 if verdicts["cuda-graph"] == "degraded" else 0), report
+        rc, verdicts, report = verify(no_graphs_server, "no-graphs.txt")  # the true file expects no graphs
+        assert rc == 0 and "cuda-graph" not in verdicts, report
 
 
 def test_revert_restores_the_tree_byte_for_byte(patched: Patched) -> None:
