@@ -250,3 +250,15 @@ def test_verify_fails_the_play_naming_the_preflight_skip_and_its_fix(tmp_path: P
     assert "Fix: the preflight asks for multicast granularity" in failure and "sm120check sglang patch" in failure
     check = run_verified(tmp_path, sglang_url, log, check=True)  # check mode never runs the verification
     assert check.returncode == 0, check.stdout[-3000:]
+
+
+def test_sglangs_own_adaptive_mode_is_rendered_without_a_file(tmp_path: Path) -> None:
+    """SGLang's adaptive speculation with its built-in steps (the anchor a policy file is measured against)."""
+    doctor_report(tmp_path / "doctor.json", "fail", "fail")
+    assert run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive=True).returncode == 0
+    cmd = command(tmp_path)
+    assert "--speculative-algorithm EAGLE3" in cmd and cmd.count("--speculative-adaptive") == 1
+    assert "--speculative-adaptive-config" not in cmd
+    off = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive=True,
+                   sglang_server_speculative=False)  # fmt: skip
+    assert off.returncode == 0 and "--speculative-adaptive" not in command(tmp_path)
