@@ -146,8 +146,15 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
     "scripts/device/sglang_imports.py": ("scripts/device/sglang_imports.py", "scripts/device/sglang_stack.py"),
     "scripts/device/render_launch.py": ("scripts/device/render_launch.py", "roles/sglang_server"),
     "scripts/device/sglang-server.sh": ("scripts/device/sglang-server.sh", "scripts/device/sglang_stack.py"),
+    "tests/gpu/test_sglang_policy.py": (
+        "tests/gpu/test_sglang_policy.py",
+        "tests/lab/sglang_gpu.py",
+        "tests/gpu/launch",
+        f"{_SRC}/bench",
+    ),
     "tests/gpu/test_sglang_server.py": (
         "tests/gpu/test_sglang_server.py",
+        "tests/lab/sglang_gpu.py",
         "tests/gpu/launch",
         "tests/lab/sglang_models.py",
         "roles/sglang_server",

@@ -27,6 +27,7 @@ OUT = ROOT / "tests" / "gpu" / "launch"
 # The stack venv scripts/device/sglang_stack.py makes there: SGLang's pins, then the image's torch 2.11.0+cu130.
 DEVICE_PYTHON = "/tmp/sglang-venv/bin/python"
 MODELS = "/tmp/sm120kit-models/serve"  # where tests/gpu writes the target and draft (tests/lab/sglang_models.py)
+POLICY = "/tmp/sm120kit-policy/sglang-spec-adaptive.json"  # where tests/gpu/test_sglang_policy.py puts the policy
 # The server options this stack needs on the H200 (scripts/device/sglang_stack.py says why): triton attention and
 # torch sampling (FA3 and FlashInfer's JIT are not carried), no prefill CUDA graph (its capture costs a minute of
 # every start; decode graphs stay on), metrics and a decode log line every 10 steps (the server's own counts).
@@ -49,6 +50,10 @@ VARIANTS: dict[str, dict[str, object]] = {
     "fusion-on-one-gpu": {"sglang_server_speculative": False, "sglang_server_allreduce_fusion": "on"},
     # a server without CUDA graphs (SGLang 0.5.16 still takes the deprecated --disable-cuda-graph), against which
     # base.txt, which asks for them, must not be ok
+    # issue #24: the EAGLE-3 server with the policy `sm120check crossover --write-policies` wrote (copied to
+    # POLICY by tests/gpu/test_sglang_policy.py), and with SGLang's own adaptive steps (no file) as the anchor
+    "policy": {"sglang_server_speculative": True, "sglang_server_speculative_adaptive_config": POLICY},
+    "sglang-adaptive": {"sglang_server_speculative": True, "sglang_server_speculative_adaptive": True},
     "no-graphs": {
         "sglang_server_speculative": False,
         "sglang_server_extra_args": [*EXTRA_ARGS, "--disable-cuda-graph"],
@@ -57,55 +62,57 @@ VARIANTS: dict[str, dict[str, object]] = {
 PLAY = """- hosts: localhost
   connection: local
   gather_facts: false
+  vars_files: [{vars_file}]
   roles: [sglang_server]
   post_tasks:
     - name: Write the bounded wait the role would run
       ansible.builtin.copy:
-        content: "{{ {'health_url': sglang_server_health_url, 'retries': sglang_server_health_retries | int,
-                     'delay': sglang_server_health_delay | int} | to_json }}"
-        dest: "{{ sglang_server_config_dir }}/wait.json"
+        content: "{{{{ {{'health_url': sglang_server_health_url, 'retries': sglang_server_health_retries | int,
+                     'delay': sglang_server_health_delay | int}} | to_json }}}}"
+        dest: "{{{{ sglang_server_config_dir }}}}/wait.json"
         mode: "0644"
       tags: [always]
 """
 
 
-def render(name: str, overrides: dict[str, object], work: Path) -> tuple[str, str]:
-    """The launch command and wait.json the role writes for one variant."""
-    config = work / name
-    variables: dict[str, object] = {
+def variables(name: str, overrides: dict[str, object], work: Path) -> dict[str, object]:
+    return {
         "sglang_server_model_path": f"{MODELS}/target",
         "sglang_server_draft_model_path": f"{MODELS}/draft",
         "sglang_server_python": DEVICE_PYTHON,
         "sglang_server_tp_size": 1,
         "sglang_server_extra_args": EXTRA_ARGS,
-        "sglang_server_config_dir": str(config),
+        "sglang_server_config_dir": str(work / name),
         "sglang_server_unit_dir": str(work / "units"),
         "sglang_server_doctor_report": str(work / "no-doctor-report.json"),
         "ansible_python_interpreter": sys.executable,
         **overrides,
     }
-    (work / "units").mkdir(exist_ok=True)
-    (work / "play.yml").write_text(PLAY, encoding="utf-8")
-    (work / f"{name}.json").write_text(json.dumps(variables), encoding="utf-8")
-    playbook = Path(sys.executable).parent / "ansible-playbook"
-    cmd = [str(playbook), str(work / "play.yml"), "-i", "localhost,", "-e", f"@{work / f'{name}.json'}"]
-    cmd += ["--tags", "sglang_server_configure,always"]
-    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_NOCOLOR": "1"}
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300, check=False)
-    if run.returncode != 0:
-        raise SystemExit(f"ansible-playbook failed for {name}:\n{run.stdout[-3000:]}\n{run.stderr[-2000:]}")
-    return (config / "launch-command.txt").read_text(encoding="utf-8"), (config / "wait.json").read_text()
 
 
 def render_all(out: Path) -> list[Path]:
+    """Every variant in one ansible-playbook run (one play each), copied into `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    written = []
     with tempfile.TemporaryDirectory(prefix="render-launch-") as tmp:
-        wait = ""
+        work = Path(tmp)
+        (work / "units").mkdir()
+        plays = []
         for name, overrides in VARIANTS.items():
-            command, wait = render(name, overrides, Path(tmp))
-            (out / f"{name}.txt").write_text(command, encoding="utf-8")
+            (work / f"{name}.json").write_text(json.dumps(variables(name, overrides, work)), encoding="utf-8")
+            plays.append(PLAY.format(vars_file=json.dumps(str(work / f"{name}.json"))))
+        (work / "play.yml").write_text("".join(plays), encoding="utf-8")
+        playbook = Path(sys.executable).parent / "ansible-playbook"
+        cmd = [str(playbook), str(work / "play.yml"), "-i", "localhost,", "--tags", "sglang_server_configure,always"]
+        env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_NOCOLOR": "1"}
+        run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600, check=False)
+        if run.returncode != 0:
+            raise SystemExit(f"ansible-playbook failed:\n{run.stdout[-3000:]}\n{run.stderr[-2000:]}")
+        written = []
+        for name in VARIANTS:
+            text = (work / name / "launch-command.txt").read_text(encoding="utf-8")
+            (out / f"{name}.txt").write_text(text, encoding="utf-8")
             written.append(out / f"{name}.txt")
+        wait = (work / next(iter(VARIANTS)) / "wait.json").read_text(encoding="utf-8")
         (out / "wait.json").write_text(wait.strip() + "\n", encoding="utf-8")
         written.append(out / "wait.json")
     return written

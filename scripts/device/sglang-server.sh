@@ -9,7 +9,8 @@
 #             0.5.16's pins, then the image's torch) and import-probe the server's modules
 #   gputests  pytest -m gpu tests/gpu with the stack venv's python: the doctor, node health and the SGLang server
 #             (tests/gpu/test_sglang_server.py); pytest's summary line in $OUT/pytest-gpu.txt, every artifact in
-#             $OUT/gpu-artifacts.tar.gz
+#             $OUT/gpu-artifacts.tar.gz (tests/gpu/test_sglang_policy.py is left to its own phase)
+#   policy    the issue #24 sweeps (tests/gpu/test_sglang_policy.py: four servers, four sweeps; about 10 minutes)
 # GPU_TESTS narrows the pytest paths (default tests/gpu), GPU_TIMEOUT bounds them (default 560 s).
 # Every process keeps NVLink multicast off (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 # NVSHMEM_DISABLE_NVLS=1). Servers listen on 127.0.0.1 only.
@@ -42,7 +43,8 @@ phase_stack() {
 phase_gputests() {
   log "gputests: pytest -m gpu tests/gpu"
   mkdir -p "$out/gpu"
-  SM120KIT_GPU_OUT="$out/gpu" timeout "${GPU_TIMEOUT:-560}" "$VENV/bin/python" -m pytest -m gpu ${GPU_TESTS:-tests/gpu} \
+  SM120KIT_GPU_OUT="$out/gpu" timeout "${GPU_TIMEOUT:-560}" "$VENV/bin/python" -m pytest -m gpu \
+    ${GPU_TESTS:-tests/gpu --ignore=tests/gpu/test_sglang_policy.py} \
     -p no:cacheprovider -rA \
     ${PYTEST_ARGS:-} > "$out/pytest-gpu-full.txt" 2>&1
   local rc=$?
@@ -51,6 +53,10 @@ phase_gputests() {
   log "gputests summary: $(cat "$out/pytest-gpu.txt")"
   tar -czf "$out/gpu-artifacts.tar.gz" -C "$out" gpu && rm -rf "$out/gpu"
   return $rc
+}
+
+phase_policy() {
+  GPU_TESTS=tests/gpu/test_sglang_policy.py GPU_TIMEOUT=${GPU_TIMEOUT:-590} phase_gputests
 }
 
 failed=()
