@@ -9,7 +9,6 @@ Long (four servers, four sweeps of eight levels): not part of `sglang-server.sh 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import statistics
@@ -18,22 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from lab.sglang_gpu import LAUNCH, OUT, Patched, Server, patch_tree, save, sm120check, start, write_models
+from lab.sglang_gpu import LAUNCH, MARKS, OUT, Patched, Server, patch_tree, save, sm120check, start, write_models
 
 LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)  # the account's sweep
 LEVEL_S = 8  # steady seconds per level (the bench's --duration)
 POLICY = Path("/tmp/sm120kit-policy/sglang-spec-adaptive.json")  # rendered into tests/gpu/launch/policy.txt
 ENVELOPE = 0.05  # the target: our policy within 5 % of max(base, EAGLE-3) at every level
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not Path("/proc/driver/nvidia/version").exists(), reason="no NVIDIA driver on this machine"),
-    pytest.mark.skipif(
-        importlib.util.find_spec("sglang") is None,
-        reason="SGLang is not installed: carry it (scripts/device/sglang_stack.py build here, then "
-        "scripts/device/sglang-server.sh venv on the GPU machine)",
-    ),
-]
+pytestmark = MARKS
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ when the class ends), the EAGLE-3 server's (TestSpec), and the revert last.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
@@ -29,6 +28,7 @@ import pytest
 from lab.sglang_gpu import (
     BASE_LEVELS,
     LAUNCH,
+    MARKS,
     OUT,
     SPEC_LEVELS,
     TOLERANCE,
@@ -48,15 +48,7 @@ from lab.sglang_gpu import (
     write_models,
 )
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not Path("/proc/driver/nvidia/version").exists(), reason="no NVIDIA driver on this machine"),
-    pytest.mark.skipif(
-        importlib.util.find_spec("sglang") is None,
-        reason="SGLang is not installed: carry it (scripts/device/sglang_stack.py build here, then "
-        "scripts/device/sglang-server.sh stack on the GPU machine)",
-    ),
-]
+pytestmark = MARKS
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,17 @@ import pytest
 
 from sm120check.sglang import decode_log
 
+# The marks of every SGLang server test module in tests/gpu: a GPU and a carried SGLang, or a skip saying which
+MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not Path("/proc/driver/nvidia/version").exists(), reason="no NVIDIA driver on this machine"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("sglang") is None,
+        reason="SGLang is not installed: carry it (scripts/device/sglang_stack.py build here, then "
+        "scripts/device/sglang-server.sh venv on the GPU machine)",
+    ),
+]
+
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "tests" / "gpu" / "launch"
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

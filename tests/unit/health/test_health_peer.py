@@ -9,11 +9,11 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from lab.gpu_less import NO_DRIVER, NVML_ABSENT
 from sm120check.doctor import facts, remedies
 from sm120check.doctor.checks import all_checks
 from sm120check.doctor.checks import peer as peer_check
@@ -288,17 +288,6 @@ def test_with_one_gpu_the_check_skips_as_the_comm_checks_do() -> None:
     result = peer_check.PeerBandwidth().run(_ctx(0))
     assert result.status is Status.SKIP
     assert result.summary == "needs at least 2 GPUs, 1 selected" and result.remedy == remedies.COMM_TWO_GPUS
-
-
-NVML_ABSENT = (
-    "libnvidia-ml.so.1 does not load: libnvidia-ml.so.1: cannot open shared object file: No such file or directory "
-    "(no NVIDIA driver on this host?)"
-)
-# These two run the real probe and doctor on a machine without a driver; with one, they would measure real GPUs
-# (tests/gpu covers that), so their GPU-less outcome cannot exist there.
-NO_DRIVER = pytest.mark.skipif(
-    Path("/proc/driver/nvidia/version").exists(), reason="an NVIDIA driver here: the GPU-less outcome cannot occur"
-)
 
 
 @NO_DRIVER

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.gpu_less import NO_DRIVER, NVML_ABSENT
 from lab.sglang_releases import release_dir
 from sm120check.doctor.health import kernel_log, nccl_floor, sglang_configs, verdicts
 from sm120check.doctor.health.load import pci_key
@@ -25,17 +26,6 @@ def gpu_named(name: str) -> GpuHealth:
     """The GPU recorded on the H200 under another product name (the edition is all gpu_product reads)."""
     recorded = NodeHealth.from_json(json.loads(RECORDED.read_text(encoding="utf-8"))).gpus[0]
     return dataclasses.replace(recorded, name=name)
-
-
-NVML_ABSENT = (
-    "libnvidia-ml.so.1 does not load: libnvidia-ml.so.1: cannot open shared object file: No such file or directory "
-    "(no NVIDIA driver on this host?)"
-)
-# On a machine with a driver, ldconfig resolves libnvidia-ml.so.1 whatever LD_LIBRARY_PATH says: the no-NVML payload
-# cannot be produced there (the GPU readings are tests/gpu/test_health_gpu.py's).
-NO_DRIVER = pytest.mark.skipif(
-    Path("/proc/driver/nvidia/version").exists(), reason="an NVIDIA driver here: NVML loads, no NVML cannot be tested"
-)
 
 
 @NO_DRIVER
