@@ -207,6 +207,8 @@ def node(tmp: Path, vendor: str, cmdline: str, topology: list[tuple[str, str, st
         "pcie_p2p_modprobe_conf": str(tmp / "etc/modprobe.d/sm120kit-nvidia-uvm.conf"),
         "pcie_p2p_install_pciutils": False,
         "pcie_p2p_enable_unit": False,
+        # This machine (and CI) may itself be a container: the role's container marks are looked for in tmp instead.
+        "_pcie_p2p_container_markers": [str(tmp / "run/.containerenv")],
     }
 
 
@@ -320,6 +322,17 @@ def test_role_refuses_gpus_without_bridges_above_them(tmp_path: Path) -> None:
     assert not (tmp_path / "etc").exists() and not (tmp_path / "var").exists()
     disabled = run_role(tmp_path, {**variables, "pcie_p2p_enabled": False})
     assert disabled.returncode == 0 and changed(disabled) == 0, disabled.stdout[-3000:]
+
+
+def test_role_refuses_a_container_with_gpus(tmp_path: Path) -> None:
+    variables = node(tmp_path, "amd", "ro quiet")
+    marker = tmp_path / "run/.containerenv"
+    marker.parent.mkdir()
+    marker.write_text("")
+    result = run_role(tmp_path, variables)
+    assert result.returncode != 0
+    assert f"{marker} exists: this is a container, and the kernel command line, ACS and nvidia_uvm" in result.stdout
+    assert not (tmp_path / "etc").exists() and not (tmp_path / "var").exists()
 
 
 def test_role_refuses_a_node_without_update_grub(tmp_path: Path) -> None:
