@@ -368,3 +368,32 @@ def test_role_refuses_bad_values_before_any_change(tmp_path: Path, overrides: di
     assert result.returncode != 0
     assert message in result.stdout, result.stdout[-3000:]
     assert not (tmp_path / "etc").exists() and not (tmp_path / "var").exists()
+
+
+def test_check_mode_on_a_fresh_gpu_node_shows_the_changes_and_writes_nothing(tmp_path: Path) -> None:
+    variables = node(tmp_path, "intel", "ro quiet")
+    result = run_role(tmp_path, variables, "--check", "--diff")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert changed(result) > 0
+    assert '+GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} intel_iommu=on iommu=pt"' in result.stdout
+    assert not (tmp_path / "etc").exists() and not (tmp_path / "var").exists() and not (tmp_path / "lib").exists()
+    assert grub_runs(tmp_path) == 0
+
+
+def test_rolling_back_through_the_role_removes_what_it_wrote(tmp_path: Path) -> None:
+    variables = node(tmp_path, "amd", "ro quiet iommu=pt")
+    assert run_role(tmp_path, variables).returncode == 0
+    back = {
+        **variables,
+        "pcie_p2p_iommu": "unchanged",
+        "pcie_p2p_acs_clear": False,
+        "pcie_p2p_uvm_disable_hmm": False,
+    }
+    result = run_role(tmp_path, back)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert grub_runs(tmp_path) == 2  # update-grub again, without the drop-in
+    for path in ("pcie_p2p_grub_dropin", "pcie_p2p_modprobe_conf", "pcie_p2p_script"):
+        assert not Path(variables[path]).exists(), path
+    assert not (tmp_path / "units" / "sm120kit-pcie-acs.service").exists()
+    fact = json.loads(Path(variables["pcie_p2p_fact_file"]).read_text())
+    assert (fact["kernel_params"], fact["reboot_required"], fact["changes"]) == ([], False, [])
