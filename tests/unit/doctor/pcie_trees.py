@@ -18,7 +18,6 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "pcie"
 RTX_PRO = "3D controller: NVIDIA Corporation GB202GL [RTX PRO 6000 Blackwell Server Edition] (rev a1)"
 GEFORCE = "VGA compatible controller: NVIDIA Corporation GB202 [GeForce RTX 5090] (rev a1)"
 AMD_GPP = "PCI bridge: Advanced Micro Devices, Inc. [AMD] Starship/Matisse GPP Bridge"
-PLX = "PCI bridge: PLX Technology, Inc. PEX 8747 48-Lane, 5-Port PCI Express Gen 3 (8.0 GT/s) Switch (rev ca)"
 INTEL_RP = "PCI bridge: Intel Corporation Device 352a (rev 04)"
 
 
@@ -31,6 +30,7 @@ def acsctl(name: str, index: int) -> str:
     return recorded(name)[index]
 
 
+PLX = recorded("nccl-19-lspci-grep-plx.txt")[0].partition(" ")[2]  # PEX 8747 switch port, as lspci names it
 ACS_ON = acsctl("nccl-304-plx-acsctl-broken-then-working.txt", 0)  # ReqRedir+ CmpltRedir+
 ACS_OFF = acsctl("nccl-304-plx-acsctl-broken-then-working.txt", 1)
 

@@ -193,3 +193,17 @@ def test_both_checks_are_level_1_in_the_catalogue_under_pcie_p2p() -> None:
 def test_the_run_reads_the_fabric_once_only_when_a_pcie_check_is_chosen() -> None:
     assert pcie.reader([pcie.IommuCheck()]) is node.read
     assert pcie.reader([c for c in all_checks() if c.family != "pcie_p2p"]) is None
+
+
+def test_bridges_the_role_cleared_that_still_redirect_are_named(tmp_path: Path) -> None:
+    tree, fake = amd_root_ports(tmp_path)
+    tree.fact(False, [], ["40:01.1"])
+    acs = run(tree.read(fake))["pcie_acs"]
+    assert acs.status is Status.WARN and acs.remedy == remedies.ACS_REDIRECT
+    assert "pcie_p2p cleared ACS on 0000:40:01.1 (its fact file), yet lspci shows redirection there now" in acs.details
+
+
+def test_the_pex_switch_name_is_the_recorded_one() -> None:
+    assert (
+        PLX == "PCI bridge: PLX Technology, Inc. PEX 8747 48-Lane, 5-Port PCI Express Gen 3 (8.0 GT/s) Switch (rev ca)"
+    )

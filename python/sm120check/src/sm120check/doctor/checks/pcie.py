@@ -261,9 +261,20 @@ def acs_verdict(pf: node.PcieFacts, nvml_names: Mapping[str, str] | None = None)
         acs = b.ctl if b.has_acs else "no ACS capability"
         shown = acs if b.readable else f"unreadable ({b.error or 'access denied'})"
         lines.append(f"{b.bdf} {b.name or ''}: ACSCtl {shown}".replace("  ", " "))
+    cleared = pf.fact.fact.acs_bridges if pf.fact.fact is not None else ()
+    still = [b for b in redirecting if _same_bdf(b, cleared)]
+    if still:
+        lines.append(
+            f"pcie_p2p cleared ACS on {', '.join(still)} (its fact file), yet lspci shows redirection there now"
+        )
     lines += [_cmdline_line(pf), _fact_line(pf)]
     verdict = partial(Result, "pcie_acs", details="\n".join(lines), data=data.to_json())
     return _acs_result(verdict, pf, gpus, bridges, redirecting, pending, geforce)
+
+
+def _same_bdf(bdf: str, listed: tuple[str, ...]) -> bool:
+    """`bdf` ("0000:40:01.1") is in `listed`, whose entries may omit the domain ("40:01.1", as setpci takes it)."""
+    return any(b.lower() in (bdf, bdf[5:]) for b in listed)
 
 
 def _acs_result(
