@@ -51,6 +51,17 @@ _HEALTH = (
 )
 _RANKS = (f"{_D}/checks/comm.py", f"{_D}/probes/collective.py", f"{_D}/probes/ranks.py", f"{_D}/payloads/collective.py")
 _TORCH = (f"{_D}/probes/torch_info.py", f"{_D}/payloads/torch_info.py", f"{_D}/loader.py")
+# The PCIe fabric readers (sysfs of the NVIDIA GPUs and the bridges above them, lspci, the pcie_p2p fact file).
+_PCIE = (
+    f"{_D}/checks/pcie.py",
+    f"{_D}/pcie/node.py",
+    f"{_D}/pcie/sysfs.py",
+    f"{_D}/pcie/lspci.py",
+    f"{_D}/pcie/cmdline.py",
+    f"{_D}/pcie/kernel_log.py",
+    f"{_D}/pcie/fact_file.py",
+    f"{_D}/pcie/files.py",
+)
 _JIT = (f"{_SRC}/jitcache/layout.py", f"{_SRC}/jitcache/modules.py", f"{_SRC}/jitcache/ninja.py")
 
 # Every doctor check that reads a GPU (level 1) or needs one (levels 2-3) -> the files it runs. A check in the
@@ -66,6 +77,8 @@ GPU_CHECKS: Mapping[str, tuple[str, ...]] = {
         f"{_SRC}/jitcache/bundle.py",
         f"{_SRC}/jitcache/cost.py",
     ),
+    "iommu": _PCIE,  # reads the GPUs' PCI functions in sysfs: a real outcome needs a machine with NVIDIA GPUs
+    "pcie_acs": _PCIE,
     "gpu_xid": _HEALTH,
     "gpu_ecc": _HEALTH,
     "pcie_replay": _HEALTH,

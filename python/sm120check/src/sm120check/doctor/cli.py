@@ -209,7 +209,7 @@ def _run(
     args: argparse.Namespace, chosen: list[Check], ctx: Context, early: Future[child.ChildOutcome] | None = None
 ) -> int:
     from sm120check.doctor import report, runner
-    from sm120check.doctor.checks import health
+    from sm120check.doctor.checks import health, pcie
     from sm120check.doctor.checks import torch as torch_check
 
     started_epoch = time.time()
@@ -224,6 +224,7 @@ def _run(
             nvml=any(c.id == "driver" for c in chosen),
             health=health.plan(chosen, ctx.gpus),
             torch_probe=early if early is not None else torch_check.early_probe(chosen, ctx),
+            pcie=pcie.reader(chosen),
         )
         results = runner.run(chosen, ctx)
     except runner.Interrupted as stopped:  # Ctrl-C or SIGTERM: the children are dead; report what finished

@@ -29,6 +29,7 @@ from sm120check.doctor.health.payloads import NodeHealth
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
 from sm120check.doctor.payloads import PayloadError
 from sm120check.doctor.payloads.nvml_info import NvmlAnswer
+from sm120check.doctor.pcie.node import PcieFacts
 from sm120check.manifest import Manifest
 
 NVML_PROBE = "sm120check.doctor.probes.nvml_info"
@@ -217,6 +218,13 @@ class NodeFacts:
     # The torch probe's outcome when it was started with the facts (the torch check is in the run): the slowest
     # child of a level-2 run then starts before the checks, not after the results the torch check reads.
     torch_read: child.ChildOutcome | Future[child.ChildOutcome] | None = None
+    # The PCIe fabric (IOMMU, bridges, ACS, the pcie_p2p fact file) when a pcie_p2p check is in the run.
+    pcie_read: PcieFacts | Future[PcieFacts] | None = None
+
+    @property
+    def pcie(self) -> PcieFacts | None:
+        """The PCIe fabric read for the run (waiting for it if it still runs); None when it was not asked."""
+        return _waited(self.pcie_read)
 
     @property
     def torch_probe(self) -> child.ChildOutcome | None:
@@ -286,17 +294,21 @@ def gather(
     nvml: bool,
     health: HealthPlan | None = None,
     torch_probe: Callable[[], child.ChildOutcome] | Future[child.ChildOutcome] | None = None,
+    pcie: Callable[[], PcieFacts] | None = None,
 ) -> NodeFacts:
     """`base` (the local facts) with NVML asked when `nvml` and the node-health probe run when `health` is given:
     each probe starts now, in a child bounded by min(timeout, its own limit), read by a background thread, so
     checks that need neither start at once and the two probes run beside each other and beside the checks.
     `torch_probe` (the torch check's child, when that check is in the run) starts now too, for the same reason,
-    unless it was started even earlier (a Future: the CLI starts it before it imports the check catalogue)."""
+    unless it was started even earlier (a Future: the CLI starts it before it imports the check catalogue).
+    `pcie` (the PCIe fabric reader, when a pcie_p2p check is in the run) reads in the background too."""
     gathered = base
     if nvml:
         gathered = replace(gathered, nvml_read=start(lambda: read_nvml(timeout), "nvml"))
     if health is not None:
         gathered = replace(gathered, health_read=start(lambda: read_health(health, timeout), "health"))
+    if pcie is not None:  # sysfs, /proc/cmdline, the kernel log and one lspci per bridge: under a second
+        gathered = replace(gathered, pcie_read=start(pcie, "pcie"))
     if torch_probe is not None:
         early = torch_probe if isinstance(torch_probe, Future) else start(torch_probe, "torch")
         gathered = replace(gathered, torch_read=early)

@@ -281,3 +281,21 @@ def peer_probe(gpus: str) -> str:
         f"run `python -m sm120check.doctor.probes.peer_bandwidth --gpus {gpus}` by hand for the failing step or CUDA "
         "call; check `gpu_xid` for Xids logged meanwhile"
     )
+
+
+# pcie_p2p: the node's PCIe fabric for GPU peer-to-peer (checks/pcie.py): the IOMMU mode and ACS on the bridges
+PCIE_P2P = tags("pcie_p2p")  # the role: kernel parameters for P2P, ACS cleared on the GPUs' bridges
+IOMMU_PASSTHROUGH = (
+    f"{PCIE_P2P} (puts iommu=pt on the kernel command line and asks for a reboot), then reboot; by hand: add "
+    "iommu=pt (AMD: or amd_iommu=off; Intel: or intel_iommu=off) to GRUB_CMDLINE_LINUX in /etc/default/grub, "
+    "`update-grub`, reboot, or turn the IOMMU / VT-d off in the firmware"
+)
+ACS_REDIRECT = (
+    f"{PCIE_P2P} (clears ACS redirection on the bridges above the GPUs); by hand, until the next boot: "
+    "`sudo setpci -s <bdf> ECAP_ACS+6.w=0000` on each bridge named; for good: boot with pci=noacs or turn ACS off "
+    "in the BIOS (NVIDIA/nccl#2079)"
+)
+PCIE_REBOOT = "reboot the node: the pcie_p2p role changed the kernel command line, which takes effect at the next boot"
+PCIE_FACT_FILE = f"{PCIE_P2P} rewrites /var/lib/sm120kit/pcie-p2p.json"  # the fact file is not schema 1
+LSPCI_MISSING = "apt install pciutils (lspci), then run the doctor again"
+LSPCI_ROOT = "run the doctor as root: lspci shows the ACS control registers to root only"

@@ -1,9 +1,9 @@
 """The check catalogue: one module per part of the stack, each exposing `CHECKS`, a tuple of check classes.
 
 A check's `family` is the role that owns (and fixes) the part it checks: `cuda_toolkit`, `cuda_env`, `python_stack`,
-`preflight`, `sm120check`, `sglang_sm120`, `flashinfer_jit`, `nccl`; `comm` for the node's multi-GPU communication
-and `node_health` for its GPUs' hardware (PCIe, ECC, Xids, clocks), which no one role owns. The runner orders
-checks by level, then by the order of `MODULES`, then by `CHECKS`.
+`preflight`, `sm120check`, `sglang_sm120`, `flashinfer_jit`, `nccl`, `pcie_p2p` (the IOMMU and ACS); `comm` for the
+node's multi-GPU communication and `node_health` for its GPUs' hardware (PCIe, ECC, Xids, clocks), which no one role
+owns. The runner orders checks by level, then by the order of `MODULES`, then by `CHECKS`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from sm120check.doctor.checks import (
     health,
     nvrtc,
     nvrtc_launch,
+    pcie,
     peer,
     platform,
     sglang,
@@ -42,6 +43,7 @@ MODULES: tuple[ModuleType, ...] = (
     abi,
     env,
     stack,
+    pcie,
     sglang,
     flashinfer_jit,
     peer,

@@ -1,0 +1,102 @@
+"""The IOMMU's own lines in this boot's kernel log: which unit came up and the default domain type.
+
+Lines picked (drivers/iommu/intel/dmar.c and iommu.c, drivers/iommu/amd/init.c):
+    DMAR: IOMMU enabled
+    DMAR: Intel(R) Virtualization Technology for Directed I/O
+    AMD-Vi: Interrupt remapping enabled
+    iommu: Default domain type: Translated
+    iommu: Default domain type: Passthrough (set via kernel command line)
+The log source is injectable (a callable giving lines); the doctor's is health/kernel_log's bounded /dev/kmsg read,
+else `journalctl -k -b`, else `dmesg`, each bounded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sm120check.doctor import child
+
+MAX_LINES = 200_000
+MAX_KEPT = 40  # evidence lines kept
+_DOMAIN = re.compile(r"iommu: Default domain type: (?P<type>[A-Za-z]+)")
+
+LogSource = Callable[[], list[str]]
+
+
+@dataclass(frozen=True)
+class IommuLog:
+    source: str = ""  # "" when no log was readable
+    lines: tuple[str, ...] = ()  # the IOMMU lines kept as evidence
+    default_domain: str = ""  # "Translated", "Passthrough", "" (not logged)
+    intel: bool = False  # a DMAR line
+    amd: bool = False  # an AMD-Vi line
+    error: str = ""
+
+    @property
+    def kind(self) -> str:
+        if self.amd:
+            return "AMD-Vi"
+        return "Intel VT-d" if self.intel else ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "source": self.source,
+            "lines": list(self.lines),
+            "default_domain": self.default_domain,
+            "kind": self.kind,
+            "error": self.error,
+        }
+
+
+def parse(lines: Iterable[str], source: str = "") -> IommuLog:
+    kept: list[str] = []
+    domain = ""
+    intel = amd = False
+    for count, line in enumerate(lines):
+        if count >= MAX_LINES:
+            break
+        if "DMAR:" in line:
+            intel = True
+        elif "AMD-Vi:" in line:
+            amd = True
+        elif "iommu: Default domain type" not in line:
+            continue
+        match = _DOMAIN.search(line)
+        if match:
+            domain = match.group("type")
+        if len(kept) < MAX_KEPT and (
+            match or "enabled" in line or "Virtualization Technology" in line or "IO_PAGE_FAULT" in line
+        ):
+            kept.append(line.strip()[:300])
+    return IommuLog(source, tuple(kept), domain, intel, amd)
+
+
+def _command(cmd: list[str]) -> list[str]:
+    done = child.run_command(cmd, timeout=6.0)
+    if done.returncode != 0:
+        raise OSError(f"{' '.join(cmd)} exited {done.returncode}")
+    return done.stdout[: 32 << 20].splitlines()
+
+
+def read() -> IommuLog:
+    """This boot's IOMMU lines from the first readable source; IommuLog.error when none is."""
+    from sm120check.doctor.health import kernel_log
+
+    problems: list[str] = []
+    sources: list[tuple[str, LogSource]] = [
+        ("/dev/kmsg", kernel_log.read_kmsg),
+        ("journalctl -k -b", lambda: _command(["journalctl", "-k", "-b", "--no-pager"])),
+        ("dmesg", lambda: _command(["dmesg"])),
+    ]
+    for name, source in sources:
+        try:
+            lines = source()
+        except OSError as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        if lines:
+            return parse(lines, name)
+        problems.append(f"{name}: no records")
+    return IommuLog(error="kernel log unreadable: " + "; ".join(problems))

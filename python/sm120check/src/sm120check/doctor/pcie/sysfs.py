@@ -1,0 +1,176 @@
+"""NVIDIA GPUs on the PCI bus, their IOMMU groups and the bridges above them, from sysfs under an injectable root.
+
+- `<root>/sys/bus/pci/devices/<bdf>/{vendor,class}`: NVIDIA is vendor 0x10de; a GPU is class 0x0300xx (VGA) or
+  0x0302xx (3D controller); the GPU's HDMI audio function (0x0403xx) is not one.
+- The realpath of `<root>/sys/bus/pci/devices/<bdf>` is `.../devices/pci0000:40/0000:40:01.1/0000:41:00.0`: the
+  BDFs between the host bridge and the device are its upstream bridges, the first one its root port.
+- `<bdf>/iommu_group` links to `<root>/sys/kernel/iommu_groups/<n>`, whose `type` is "identity" (passthrough),
+  "DMA" or "DMA-FQ" (translated), "blocked" or "unmanaged" (a VFIO user).
+- `<root>/sys/class/iommu/*`: `dmar<N>` units are Intel VT-d, `ivhd<N>` AMD-Vi.
+Everything is bounded (entries listed, chain depth, file size); a link that leaves the root is not followed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from sm120check.doctor.pcie.files import Unreadable, read_text
+
+NVIDIA = "0x10de"
+GPU_CLASSES = ("0x0300", "0x0302")
+MAX_DEVICES = 4096  # PCI functions listed (a big server has a few hundred)
+MAX_DEPTH = 32  # bridges between a device and its host bridge
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_GROUP = re.compile(r"^[0-9]{1,6}$")
+
+
+def is_bdf(text: str) -> bool:
+    return bool(_BDF.match(text))
+
+
+@dataclass(frozen=True)
+class IommuUnit:
+    name: str  # dmar0, ivhd0, ...
+    kind: str  # "Intel VT-d", "AMD-Vi" or "other"
+
+    def to_json(self) -> dict[str, object]:
+        return {"name": self.name, "kind": self.kind}
+
+
+def unit_kind(name: str) -> str:
+    if name.startswith("dmar"):
+        return "Intel VT-d"
+    if name.startswith("ivhd"):
+        return "AMD-Vi"
+    return "other"
+
+
+@dataclass(frozen=True)
+class SysGpu:
+    """One NVIDIA GPU function as sysfs shows it."""
+
+    bdf: str
+    device: str  # "0x2bb1"
+    pci_class: str  # "0x030200"
+    bridges: tuple[str, ...]  # upstream bridges, nearest first; the last is the root port ("" chain: on a root bus)
+    iommu_group: str = ""  # "" when the device has none
+    group_type: str = ""  # the group's type, "" when unreadable or no group
+    problem: str = ""  # why part of it could not be read
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "bdf": self.bdf,
+            "device": self.device,
+            "class": self.pci_class,
+            "bridges": list(self.bridges),
+            "iommu_group": self.iommu_group,
+            "group_type": self.group_type,
+            "problem": self.problem,
+        }
+
+
+@dataclass(frozen=True)
+class SysfsView:
+    """What sysfs says: `error` when there is no PCI bus to read (no sysfs: a container without /sys)."""
+
+    gpus: tuple[SysGpu, ...] = ()
+    units: tuple[IommuUnit, ...] = ()
+    error: str = ""
+    skipped: tuple[str, ...] = ()  # device entries that could not be read, with the reason
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "gpus": [g.to_json() for g in self.gpus],
+            "units": [u.to_json() for u in self.units],
+            "error": self.error,
+            "skipped": list(self.skipped),
+        }
+
+
+def _inside(path: str, root: Path) -> bool:
+    base = os.path.realpath(root)
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
+def _listdir(path: Path, limit: int = MAX_DEVICES) -> list[str]:
+    names: list[str] = []
+    with os.scandir(path) as entries:
+        for entry in entries:
+            names.append(entry.name)
+            if len(names) >= limit:
+                break
+    return sorted(names)
+
+
+def bridge_chain(root: Path, bdf: str) -> tuple[str, ...]:
+    """The upstream bridges of `bdf`, nearest first (its root port last), from the realpath of its sysfs entry.
+    Raises Unreadable when the entry does not resolve inside `root` or is too deep."""
+    real = os.path.realpath(root / "sys" / "bus" / "pci" / "devices" / bdf)
+    if not _inside(real, root):
+        raise Unreadable(f"{bdf}: its sysfs entry leads outside {root}")
+    parts = [p for p in Path(real).parts if is_bdf(p)]
+    if not parts or parts[-1] != bdf:
+        raise Unreadable(f"{bdf}: its sysfs path {real} does not end in the device")
+    upstream = parts[:-1]
+    if len(upstream) > MAX_DEPTH:
+        raise Unreadable(f"{bdf}: more than {MAX_DEPTH} bridges above it")
+    return tuple(reversed(upstream))
+
+
+def _group(root: Path, device: Path) -> tuple[str, str, str]:
+    """(group number, its type, problem) of a device ("" group: none)."""
+    link = device / "iommu_group"
+    if not os.path.lexists(link):
+        return "", "", ""
+    real = os.path.realpath(link)
+    number = Path(real).name
+    if not _inside(real, root) or not _GROUP.match(number):
+        return "", "", f"iommu_group link to {real} is not an IOMMU group"
+    try:
+        kind = read_text(root / "sys" / "kernel" / "iommu_groups" / number / "type").strip()
+    except Unreadable as exc:
+        return number, "", str(exc)
+    if len(kind) > 32 or not kind.replace("-", "").isalnum():
+        return number, "", f"iommu group {number} type {kind[:32]!r} is not a group type"
+    return number, kind, ""
+
+
+def units(root: Path) -> tuple[IommuUnit, ...]:
+    try:
+        names = _listdir(root / "sys" / "class" / "iommu", limit=256)
+    except OSError:
+        return ()
+    return tuple(IommuUnit(name, unit_kind(name)) for name in names)
+
+
+def read(root: Path = Path("/")) -> SysfsView:
+    """The NVIDIA GPUs on the bus, their groups and bridges, and the IOMMU units, under `root`."""
+    bus = root / "sys" / "bus" / "pci" / "devices"
+    try:
+        names = _listdir(bus)
+    except OSError as exc:
+        return SysfsView(units=units(root), error=f"{bus}: {exc.strerror or exc} (no PCI bus in sysfs: a container?)")
+    gpus: list[SysGpu] = []
+    skipped: list[str] = []
+    for name in names:
+        if not is_bdf(name):
+            continue
+        device = bus / name
+        try:
+            vendor = read_text(device / "vendor", 64).strip().lower()
+            if vendor != NVIDIA:
+                continue
+            pci_class = read_text(device / "class", 64).strip().lower()
+            if not pci_class.startswith(GPU_CLASSES):
+                continue
+            device_id = read_text(device / "device", 64).strip().lower()
+            bridges = bridge_chain(root, name)
+        except Unreadable as exc:
+            skipped.append(str(exc))
+            continue
+        number, kind, problem = _group(root, device)
+        gpus.append(SysGpu(name, device_id[:16], pci_class[:16], bridges, number, kind, problem))
+    return SysfsView(tuple(gpus), units(root), skipped=tuple(skipped))
