@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from lab.local_play import local_play
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "roles/pcie_p2p/files/pcie-acs-clear"
 ANSIBLE = str(Path(sys.executable).parent / "ansible-playbook")
@@ -213,17 +215,7 @@ def node(tmp: Path, vendor: str, cmdline: str, topology: list[tuple[str, str, st
 
 
 def run_role(tmp: Path, variables: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
-    (tmp / "play.yml").write_text(PLAY)
-    (tmp / "vars.json").write_text(json.dumps({**variables, "ansible_python_interpreter": sys.executable}))
-    return subprocess.run(
-        [ANSIBLE, str(tmp / "play.yml"), "-i", "localhost,", "-e", f"@{tmp / 'vars.json'}", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-        env={**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_NOCOLOR": "1"},
-    )
+    return local_play(tmp, PLAY, variables, *args)
 
 
 def changed(result: subprocess.CompletedProcess[str]) -> int:

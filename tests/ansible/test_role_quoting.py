@@ -14,24 +14,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+
+from lab.local_play import local_play
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = str(Path(sys.executable).parent / "ansible-playbook")
 
 
-def _play(tmp: Path, play: str, variables: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
-    (tmp / "play.yml").write_text(play)
-    (tmp / "vars.json").write_text(json.dumps({**variables, "ansible_python_interpreter": sys.executable}))
-    return subprocess.run(
-        [ANSIBLE, str(tmp / "play.yml"), "-i", "localhost,", "-e", f"@{tmp / 'vars.json'}", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-        env={**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_NOCOLOR": "1"},
-    )
+_play = local_play
 
 
 TOOLKIT_PLAY = """---
