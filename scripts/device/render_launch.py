@@ -8,7 +8,9 @@ tests/ansible/test_gpu_launch_files.py fails when the role would render them dif
 Files: base.txt (no speculation), spec.txt (EAGLE-3, 3 steps, topk 1, 4 draft tokens), fusion-on-one-gpu.txt
 (the base command with `sglang_server_allreduce_fusion: on`: a launch file that claims fusion on one GPU, which
 verify-launch must call degraded), no-graphs.txt (the base command with --disable-cuda-graph: the server base.txt's
-CUDA-graph claim is checked against), wait.json (the role's health URL, retries and delay: the bounded wait).
+CUDA-graph claim is checked against), policy.txt and sglang-adaptive.txt (issue #24: EAGLE-3 with our policy file,
+and with SGLang's own adaptive mode), bad-draft.txt (EAGLE-3 with a draft that is never accepted), wait.json (the
+role's health URL, retries and delay: the bounded wait).
 No doctor report is given, so `auto` leaves fusion and symmetric memory off (fail closed).
 """
 
@@ -27,6 +29,9 @@ OUT = ROOT / "tests" / "gpu" / "launch"
 # The stack venv scripts/device/sglang_stack.py makes there: SGLang's pins, then the image's torch 2.11.0+cu130.
 DEVICE_PYTHON = "/tmp/sglang-venv/bin/python"
 MODELS = "/tmp/sm120kit-models/serve"  # where tests/gpu writes the target and draft (tests/lab/sglang_models.py)
+# The same target beside a draft whose every proposal is wrong (--draft-error 1.0): the misconfigured draft of
+# sglang#21272, against which the bench must refuse to call the run speculative
+BAD_MODELS = "/tmp/sm120kit-models/bad-draft"
 POLICY = "/tmp/sm120kit-policy/sglang-spec-adaptive.json"  # where tests/gpu/test_sglang_policy.py puts the policy
 # The server options this stack needs on the H200 (scripts/device/sglang_stack.py says why): triton attention and
 # torch sampling (FA3 and FlashInfer's JIT are not carried), no prefill CUDA graph (its capture costs a minute of
@@ -57,6 +62,11 @@ VARIANTS: dict[str, dict[str, object]] = {
     "no-graphs": {
         "sglang_server_speculative": False,
         "sglang_server_extra_args": [*EXTRA_ARGS, "--disable-cuda-graph"],
+    },
+    "bad-draft": {
+        "sglang_server_speculative": True,
+        "sglang_server_model_path": f"{BAD_MODELS}/target",
+        "sglang_server_draft_model_path": f"{BAD_MODELS}/draft",
     },
 }
 PLAY = """- hosts: localhost

@@ -10,8 +10,17 @@
 #   gputests  pytest -m gpu tests/gpu with the stack venv's python: the doctor, node health and the SGLang server
 #             (tests/gpu/test_sglang_server.py); pytest's summary line in $OUT/pytest-gpu.txt, every artifact in
 #             $OUT/gpu-artifacts.tar.gz (tests/gpu/test_sglang_policy.py is left to its own phase)
-#   policy    the issue #24 sweeps (tests/gpu/test_sglang_policy.py: four servers, four sweeps; about 10 minutes)
-# GPU_TESTS narrows the pytest paths (default tests/gpu), GPU_TIMEOUT bounds them (default 560 s).
+#   server-base  gputests on the doctor, health and comm tests and tests/gpu/test_sglang_server.py without TestSpec
+#             (patch, base server, no-graphs server, bad-draft server, revert; about 6 minutes)
+#   server-spec  gputests on tests/gpu/test_sglang_server.py's TestSpec (patch, EAGLE-3 server, revert; about 5 minutes)
+#   policy    the issue #24 sweeps (tests/gpu/test_sglang_policy.py: four servers, four sweeps; about 10 minutes),
+#             or in two calls: policy-curves (base and EAGLE-3 sweeps, crossover) then policy-adaptive (our policy,
+#             SGLang's adaptive mode, the verdicts); the sweeps wait for the second call in /tmp/sm120kit-policy
+#   pcie      what this machine's PCIe readers see (issue #25): /proc/cmdline, /sys/class/iommu, the IOMMU groups,
+#             lspci -vvv of every NVIDIA device and its bridges, the kernel log's DMAR/AMD-Vi lines, and the doctor's
+#             iommu and pcie_acs checks, into $OUT/pcie
+# GPU_TESTS narrows the pytest paths (default tests/gpu), PYTEST_K selects within them (pytest -k), GPU_TIMEOUT
+# bounds them (default 560 s).
 # Every process keeps NVLink multicast off (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 # NVSHMEM_DISABLE_NVLS=1). Servers listen on 127.0.0.1 only.
 set -uo pipefail
@@ -46,7 +55,7 @@ phase_gputests() {
   SM120KIT_GPU_OUT="$out/gpu" timeout "${GPU_TIMEOUT:-560}" "$VENV/bin/python" -m pytest -m gpu \
     ${GPU_TESTS:-tests/gpu --ignore=tests/gpu/test_sglang_policy.py} \
     -p no:cacheprovider -rA \
-    ${PYTEST_ARGS:-} > "$out/pytest-gpu-full.txt" 2>&1
+    ${PYTEST_K:+-k "$PYTEST_K"} > "$out/pytest-gpu-full.txt" 2>&1
   local rc=$?
   grep -E '^(FAILED|ERROR|PASSED|SKIPPED)' "$out/pytest-gpu-full.txt" | cut -c1-400
   grep -E '=+ .*(passed|failed|error|skipped).* =+$' "$out/pytest-gpu-full.txt" | tail -1 > "$out/pytest-gpu.txt"
@@ -55,13 +64,51 @@ phase_gputests() {
   return $rc
 }
 
+phase_server_base() {
+  GPU_TESTS="tests/gpu --ignore=tests/gpu/test_sglang_policy.py" PYTEST_K="not TestSpec" phase_gputests
+}
+
+phase_server_spec() {
+  GPU_TESTS=tests/gpu/test_sglang_server.py PYTEST_K="TestSpec or patch_applies or revert" phase_gputests
+}
+
 phase_policy() {
   GPU_TESTS=tests/gpu/test_sglang_policy.py GPU_TIMEOUT=${GPU_TIMEOUT:-590} phase_gputests
 }
 
+phase_policy_curves() {
+  GPU_TESTS=tests/gpu/test_sglang_policy.py PYTEST_K=TestCurves phase_gputests
+}
+
+phase_policy_adaptive() {
+  GPU_TESTS=tests/gpu/test_sglang_policy.py PYTEST_K=TestAdaptive phase_gputests
+}
+
+phase_pcie() {
+  log "pcie: the readers on this machine"
+  local dir="$out/pcie"
+  mkdir -p "$dir"
+  cat /proc/cmdline > "$dir/cmdline.txt" 2>&1
+  ls -la /sys/class/iommu > "$dir/sys-class-iommu.txt" 2>&1
+  find /sys/kernel/iommu_groups -maxdepth 3 > "$dir/iommu-groups.txt" 2>&1
+  timeout 20 lspci -nn > "$dir/lspci-nn.txt" 2>&1
+  timeout 20 lspci -tv > "$dir/lspci-tree.txt" 2>&1
+  timeout 60 lspci -vvv > "$dir/lspci-vvv.txt" 2>&1
+  (timeout 20 dmesg 2>&1 || timeout 20 journalctl -k -b --no-pager 2>&1) | grep -iE 'dmar|amd-vi|iommu|acs' | head -200 \
+    > "$dir/kernel-log-iommu.txt"
+  for dev in /sys/bus/pci/devices/*; do
+    [[ $(cat "$dev/vendor" 2>/dev/null) == 0x10de ]] && readlink -f "$dev" >> "$dir/nvidia-sysfs-paths.txt"
+  done
+  timeout 120 python3 -m sm120check doctor --select iommu,pcie_acs --json > "$dir/doctor-pcie.json" 2> "$dir/doctor-pcie.err"
+  local rc=$?
+  timeout 120 python3 -m sm120check doctor --select iommu,pcie_acs > "$dir/doctor-pcie.txt" 2>&1
+  cat "$dir/doctor-pcie.txt"
+  [[ $rc -le 1 ]]
+}
+
 failed=()
 for phase in "$@"; do
-  "phase_$phase" || { log "phase $phase failed"; failed+=("$phase"); }
+  "phase_${phase//-/_}" || { log "phase $phase failed"; failed+=("$phase"); }
 done
 log "phases failed: ${failed[*]:-none}"
 [[ ${#failed[@]} -eq 0 ]]

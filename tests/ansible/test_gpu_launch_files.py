@@ -23,7 +23,7 @@ def renderer() -> ModuleType:
 
 def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> None:
     written = renderer().render_all(tmp_path)
-    names = ["base.txt", "fusion-on-one-gpu.txt", "no-graphs.txt", "policy.txt", "sglang-adaptive.txt", "spec.txt"]
+    names = ["bad-draft.txt", "base.txt", "fusion-on-one-gpu.txt", "no-graphs.txt", "policy.txt", "sglang-adaptive.txt", "spec.txt"]
     assert sorted(p.name for p in written) == [*names, "wait.json"]
     for path in written:
         committed = ROOT / "tests" / "gpu" / "launch" / path.name
@@ -31,3 +31,6 @@ def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> N
     base = (tmp_path / "base.txt").read_text()
     assert "--enforce-disable-flashinfer-allreduce-fusion" in base and "--enable-torch-symm-mem" not in base
     assert "--speculative-algorithm EAGLE3" in (tmp_path / "spec.txt").read_text()
+    bad = (tmp_path / "bad-draft.txt").read_text()
+    assert "--model-path /tmp/sm120kit-models/bad-draft/target" in bad
+    assert "--speculative-draft-model-path /tmp/sm120kit-models/bad-draft/draft" in bad

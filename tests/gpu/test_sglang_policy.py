@@ -1,27 +1,48 @@
 """Issue #24 on a real SGLang 0.5.16 server: the account's sweep (base and EAGLE-3), the policy `sm120check
 crossover --write-policies` writes from it, the server restarted with that policy, and SGLang's own adaptive mode
-(no file) as the anchor; one table and one PNG of the four curves.
+(no file) as the anchor; one table and one PNG of the four curves (drawn there if matplotlib is installed, else
+from the table where it returns: `python3 tests/gpu/test_sglang_policy.py policy-table.json policy-curves.png`),
+and the draft steps the server really used per batch size (its `sglang:spec_num_steps` and
+`sglang:num_running_reqs` gauges, read every half second while the sweeps run) held against the policy's slots.
 
-Long (four servers, four sweeps of eight levels): not part of `sglang-server.sh gputests`; its own phase runs it
-(`scripts/device/sglang-server.sh venv policy`). Not yet run on a GPU: written after the first server run
-(docs/validation/2026-12-01-h200-sglang-server), from the same helpers.
+Long (four servers, four sweeps of eight levels), so in two device calls: `scripts/device/sglang-server.sh venv
+policy-curves` (base, EAGLE-3, crossover) then `policy-adaptive` (our policy, SGLang's adaptive, the verdicts). The
+sweeps persist between the calls in $SM120KIT_POLICY_SWEEPS (default /tmp/sm120kit-policy/sweeps, kept while the
+machine stays warm; every file is also in $SM120KIT_GPU_OUT, so a cold machine can be given them back).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import shutil
 import statistics
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from lab.sglang_gpu import LAUNCH, MARKS, OUT, Patched, Server, patch_tree, save, sm120check, start, write_models
+from lab.sglang_gpu import (
+    LAUNCH,
+    MARKS,
+    OUT,
+    GaugeSampler,
+    Patched,
+    Server,
+    patch_tree,
+    save,
+    sm120check,
+    start,
+    steps_by_batch,
+    write_models,
+)
 
 LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)  # the account's sweep
 LEVEL_S = 8  # steady seconds per level (the bench's --duration)
 POLICY = Path("/tmp/sm120kit-policy/sglang-spec-adaptive.json")  # rendered into tests/gpu/launch/policy.txt
+SWEEPS = Path(os.environ.get("SM120KIT_POLICY_SWEEPS") or "/tmp/sm120kit-policy/sweeps")
 ENVELOPE = 0.05  # the issue's target: our policy within 5 % of max(base, EAGLE-3) at every level
 
 pytestmark = MARKS
@@ -40,96 +61,138 @@ def models() -> Path:
 
 
 def sweep(server: Server, label: str) -> Path:
-    out = OUT / f"policy-sweep-{label}.jsonl"
+    """The account's levels against one server, its gauges sampled throughout; the JSONL and the steps seen per
+    batch size in SWEEPS (and OUT)."""
+    SWEEPS.mkdir(parents=True, exist_ok=True)
+    out = SWEEPS / f"{label}.jsonl"
+    out.unlink(missing_ok=True)
     levels = ",".join(map(str, LEVELS))
-    run = sm120check(
-        "bench", "--url", server.url, "--concurrency", levels, "--duration", str(LEVEL_S), "--input-len", "64",
-        "--output-len", "128", "--label", label, "--out", str(out), "--level-timeout", "120", "--quiet",
-        timeout=1800,
-    )  # fmt: skip
+    with GaugeSampler(server) as gauges:
+        run = sm120check(
+            "bench", "--url", server.url, "--concurrency", levels, "--duration", str(LEVEL_S), "--input-len", "64",
+            "--output-len", "128", "--label", label, "--out", str(out), "--level-timeout", "120", "--quiet",
+            timeout=1200,
+        )  # fmt: skip
+    save(f"policy-bench-{label}.txt", run.stdout + run.stderr)
     assert run.returncode == 0, run.stderr[-2000:]
+    steps = {str(b): {str(k): n for k, n in row.items()} for b, row in steps_by_batch(gauges.samples).items()}
+    (SWEEPS / f"{label}-steps.json").write_text(json.dumps(steps, indent=1), encoding="utf-8")
+    save(f"policy-steps-{label}.json", steps)
+    shutil.copyfile(out, OUT / f"policy-sweep-{label}.jsonl")
     return out
 
 
-def throughput(path: Path) -> dict[int, float]:
+def curve(label: str) -> dict[int, dict[str, float | None]]:
+    """A sweep's throughput and uncertainty per level, from SWEEPS (the earlier call's, when this one is the second)."""
+    path = SWEEPS / f"{label}.jsonl"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run the policy-curves phase first (or give its files back)")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {int(r["concurrency"]): float(r["throughput_tok_s"]) for r in rows}
+    return {
+        int(r["concurrency"]): {"tok_s": float(r["throughput_tok_s"]), "rel_unc": r.get("throughput_halves_rel_diff")}
+        for r in rows
+    }
 
 
-def accept_by_batch(server: Server) -> dict[int, float]:
-    """The accept length per number of running requests from the server's decode lines (a stand-in for the draft
-    steps per batch size, which 0.5.16 logs only as the `sglang:spec_num_steps` gauge: reading that gauge per level
-    is still to do, issue #24)."""
-    from sm120check.sglang import decode_log
+def steps_seen(label: str) -> dict[int, dict[int, int]]:
+    raw = json.loads((SWEEPS / f"{label}-steps.json").read_text())
+    return {int(b): {int(k): int(n) for k, n in row.items()} for b, row in raw.items()}
 
-    views = decode_log.server_view(decode_log.parse(server.lines()))
-    return {c: v.accept_length for c, v in views.items() if v.accept_length is not None}
+
+def slot_candidates(config: dict[str, dict[str, list[int]]], batch: int) -> list[int]:
+    """The candidate steps of the slot an SGLang adaptive config gives a running batch: the largest key <= batch."""
+    key = max(int(k) for k in config if k.isdigit() and int(k) <= batch)
+    return config[str(key)]["candidate_steps"]
 
 
 class TestCurves:
-    RESULTS: dict[str, Path] = {}  # noqa: RUF012 - filled in order by the tests below
-
     @pytest.mark.parametrize("name", ["base", "spec"])
     def test_sweep_base_and_eagle3(self, patched: Patched, models: Path, name: str) -> None:
         for server in start(f"policy-{name}", LAUNCH / f"{name}.txt"):
-            self.RESULTS[name] = sweep(server, name)
-        assert set(throughput(self.RESULTS[name])) == set(LEVELS)
+            sweep(server, name)
+        assert set(curve(name)) == set(LEVELS)
 
     def test_crossover_writes_the_policy(self) -> None:
-        out = OUT / "policies"
+        out = SWEEPS / "policies"
         run = sm120check(
-            "crossover", str(self.RESULTS["base"]), str(self.RESULTS["spec"]), "--write-policies", str(out),
-            "--png", str(OUT / "crossover.png"), "--format", "json",
+            "crossover", str(SWEEPS / "base.jsonl"), str(SWEEPS / "spec.jsonl"), "--write-policies", str(out),
+            "--format", "json",
         )  # fmt: skip
         save("crossover.json", run.stdout or run.stderr)
         assert run.returncode == 0, run.stderr[-2000:]
         POLICY.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / POLICY.name, POLICY)
-        assert json.loads(POLICY.read_text())
+        save("policy-file.json", json.loads(POLICY.read_text()))
+        assert "1" in json.loads(POLICY.read_text())  # SGLang's loader needs the batch-size-1 slot
 
+
+class TestAdaptive:
     @pytest.mark.parametrize("name", ["policy", "sglang-adaptive"])
     def test_sweep_with_the_policy_and_sglangs_own_adaptive_mode(
         self, patched: Patched, models: Path, name: str
     ) -> None:
+        if name == "policy" and not POLICY.is_file():
+            pytest.fail(f"{POLICY} is missing: run the policy-curves phase first")
         for server in start(f"policy-{name}", LAUNCH / f"{name}.txt"):
-            self.RESULTS[name] = sweep(server, name)
-            save(f"policy-{name}-accept-by-batch.json", accept_by_batch(server))
-        assert set(throughput(self.RESULTS[name])) == set(LEVELS)
+            sweep(server, name)
+        assert set(curve(name)) == set(LEVELS)
+
+    def test_the_server_used_the_steps_the_policy_file_gives(self) -> None:
+        """At every batch size seen in more than two samples, the steps the server used most are a candidate of
+        the file's slot for that batch size (SGLang picks among a slot's candidates by its acceptance EMA)."""
+        config = json.loads(POLICY.read_text())
+        seen = steps_seen("policy")
+        wrong = {}
+        for batch, row in seen.items():
+            if sum(row.values()) > 2:
+                used = max(row, key=lambda k: row[k])
+                if used not in slot_candidates(config, batch):
+                    wrong[batch] = {"used": used, "seen": row, "file": slot_candidates(config, batch)}
+        save("policy-steps-verdict.json", {"wrong": {str(k): v for k, v in wrong.items()}, "config": config})
+        assert seen, "no gauge sample had a running batch"
+        assert not wrong, wrong
 
     def test_the_policy_holds_the_upper_envelope_and_beats_sglangs_adaptive(self) -> None:
-        curves = {name: throughput(path) for name, path in self.RESULTS.items()}
-        table = [
-            {"concurrency": c, **{name: curve.get(c) for name, curve in curves.items()}}
-            for c in LEVELS
-        ]  # fmt: skip
+        curves = {name: curve(name) for name in ("base", "spec", "policy", "sglang-adaptive")}
+        tok = {name: {c: v["tok_s"] or 0.0 for c, v in pts.items()} for name, pts in curves.items()}
+        table = [{"concurrency": c, **{name: curves[name].get(c) for name in curves}} for c in LEVELS]
         save("policy-table.json", table)
-        plot(curves, OUT / "policy-curves.png")
+        if importlib.util.find_spec("matplotlib") is not None:  # the lent image has none: plotted where it returns
+            plot(curves, OUT / "policy-curves.png")
         misses = []
         for c in LEVELS:
-            envelope = max(curves["base"][c], curves["spec"][c])
-            if curves["policy"][c] < (1 - ENVELOPE) * envelope:
-                misses.append(f"C={c}: policy {curves['policy'][c]:.0f} < 95 % of {envelope:.0f}")
-            if curves["policy"][c] < curves["sglang-adaptive"][c] * (1 - ENVELOPE):
-                anchor = curves["sglang-adaptive"][c]
-                misses.append(f"C={c}: policy {curves['policy'][c]:.0f} < SGLang adaptive {anchor:.0f}")
-        ratio = statistics.median(curves["policy"][c] / curves["sglang-adaptive"][c] for c in LEVELS)
+            envelope = max(tok["base"][c], tok["spec"][c])
+            if tok["policy"][c] < (1 - ENVELOPE) * envelope:
+                misses.append(f"C={c}: policy {tok['policy'][c]:.0f} < 95 % of the envelope {envelope:.0f}")
+            if tok["policy"][c] < tok["sglang-adaptive"][c] * (1 - ENVELOPE):
+                anchor = tok["sglang-adaptive"][c]
+                misses.append(f"C={c}: policy {tok['policy'][c]:.0f} < SGLang adaptive {anchor:.0f}")
+        ratio = statistics.median(tok["policy"][c] / tok["sglang-adaptive"][c] for c in LEVELS)
         save("policy-verdict.json", {"misses": misses, "median_policy_over_sglang_adaptive": ratio})
         assert not misses, misses
 
 
-def plot(curves: dict[str, dict[int, float]], path: Path) -> None:
+def plot(curves: dict[str, dict[int, dict[str, float | None]]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, curve in curves.items():
-        xs = sorted(curve)
-        ax.plot(xs, [curve[x] for x in xs], marker="o", label=name)
+    for name, pts in curves.items():
+        xs = sorted(pts)
+        ys = [pts[x]["tok_s"] or 0.0 for x in xs]
+        errs = [(pts[x]["rel_unc"] or 0.0) * y for x, y in zip(xs, ys, strict=True)]
+        ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=name)
     ax.set_xscale("log")
     ax.set_xlabel("concurrency")
-    ax.set_ylabel("output tok/s")
+    ax.set_ylabel("output tok/s (error bar: the two halves' slopes differ by)")
     ax.legend()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+if __name__ == "__main__":  # python3 tests/gpu/test_sglang_policy.py policy-table.json out.png (where matplotlib is)
+    rows = json.loads(Path(sys.argv[1]).read_text())
+    names = [k for k in rows[0] if k != "concurrency"]
+    plot({n: {int(r["concurrency"]): r[n] for r in rows if r[n]} for n in names}, Path(sys.argv[2]))

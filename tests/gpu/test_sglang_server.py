@@ -8,7 +8,10 @@ Skips without an NVIDIA driver or without SGLang. Artifacts (server logs, bench 
 JSON, the patch report) go to $SM120KIT_GPU_OUT (default: a temporary directory).
 
 Order matters and is the file's: the patch first, then the base server's tests (class TestBase, its server stopped
-when the class ends), the EAGLE-3 server's (TestSpec), and the revert last.
+when the class ends), the EAGLE-3 server's (TestSpec), one without CUDA graphs (TestNoGraphs), one whose draft is
+never accepted (TestBadDraft, after TestBase: it compares with the base sweep), and the revert last. The device
+budget runs it in two calls (scripts/device/sglang-server.sh phases `server-base` and `server-spec`), each patching
+and reverting.
 """
 
 from __future__ import annotations
@@ -204,6 +207,33 @@ class TestNoGraphs:
         assert rc == (1 if verdicts["cuda-graph"] == "degraded" else 0), report
         rc, verdicts, report = verify(no_graphs_server, "no-graphs.txt")  # the true file expects no graphs
         assert rc == 0 and "cuda-graph" not in verdicts, report
+
+
+@pytest.fixture(scope="class")
+def bad_draft_server(patched: Patched, models: Path) -> Iterator[Server]:
+    write_models("bad-draft.txt", draft_error=1.0)  # the same target, every draft proposal wrong
+    yield from start("bad-draft", LAUNCH / "bad-draft.txt")
+
+
+class TestBadDraft:
+    def test_a_draft_that_is_never_accepted_is_not_called_speculation(self, bad_draft_server: Server) -> None:
+        """sglang#21272 on the real server: the bench flags concurrency 1 and crossover refuses the sweep."""
+        out = OUT / "bench-bad-draft-sglang.jsonl"
+        run = sm120check(
+            "bench", "--url", bad_draft_server.url, "--concurrency", "1,8", "--input-len", "64", "--output-len",
+            "128", "--duration", "6", "--label", "spec", "--out", str(out), "--level-timeout", "120", "--quiet",
+        )  # fmt: skip
+        save("bench-bad-draft.txt", run.stdout + run.stderr)
+        assert run.returncode == 0, run.stderr[-2000:]
+        one, eight = (json.loads(line) for line in out.read_text().splitlines() if line.strip())
+        assert one["accept_length"] <= 1.05, one
+        assert "draft_not_accepted" in one["flags"] and any("sglang#21272" in w for w in one["warnings"]), one
+        assert "draft_not_accepted" not in eight.get("flags", []), eight  # only concurrency 1 decides
+        base = OUT / "bench-base-sglang.jsonl"  # TestBase's sweep of the same target
+        refused = sm120check("crossover", str(base), str(out))
+        save("crossover-bad-draft.txt", refused.stdout + refused.stderr)
+        assert refused.returncode == 2, refused.stdout[-2000:]
+        assert "not a speculative sweep" in refused.stderr and "sglang#21272" in refused.stderr, refused.stderr
 
 
 def test_revert_restores_the_tree_byte_for_byte(patched: Patched) -> None:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -49,7 +50,7 @@ SPEC_LEVELS = (1, 8, 64)
 TOLERANCE = 0.05  # the issue's: throughput and accept length within 5 % of the server's own figures
 # Seconds of steady window per level: the first GPU run's default of 4 x C requests gave 3-4 request lifetimes at
 # high concurrency, too short for a completion counter to agree with a streaming rate (bench/server_rate.py).
-LEVEL_S = 12
+LEVEL_S = 10
 
 
 def child_env() -> dict[str, str]:
@@ -94,17 +95,75 @@ def patch_tree() -> Patched:
     return Patched(tree, before, json.loads(run.stdout))
 
 
-def write_models() -> Path:
-    """The served pair, written on this GPU from a seed (never carried)."""
-    where = Path(shlex.split((LAUNCH / "spec.txt").read_text())[4]).parent  # --model-path DIR/target
+def write_models(launch: str = "spec.txt", draft_error: float = 0.1) -> Path:
+    """The served pair of a launch file, written on this GPU from a seed (never carried): `draft_error` 0.1 for the
+    pair every server but one runs, 1.0 for bad-draft.txt's draft that is never accepted (same seed, same target)."""
+    where = Path(shlex.split((LAUNCH / launch).read_text())[4]).parent  # --model-path DIR/target
     if not (where / "target" / "config.json").is_file() or not (where / "draft" / "config.json").is_file():
         cmd = [sys.executable, str(ROOT / "tests" / "lab" / "sglang_models.py"), "write", "--out", str(where)]
-        run = subprocess.run(
-            [*cmd, "--device", "cuda", "--force", *MODEL_ARGS], capture_output=True, text=True, timeout=600
-        )
-        save("models.txt", run.stdout + run.stderr)
+        args = [*MODEL_ARGS[: MODEL_ARGS.index("--draft-error")], "--draft-error", str(draft_error), "--seed", "7"]
+        run = subprocess.run([*cmd, "--device", "cuda", "--force", *args], capture_output=True, text=True, timeout=600)
+        save(f"models-{where.name}.txt", run.stdout + run.stderr)
         assert run.returncode == 0, run.stderr[-2000:]
     return where
+
+
+@dataclass(frozen=True)
+class GaugeSample:
+    """One read of the server's scheduler gauges (sglang:* in /metrics, set at each decode log line)."""
+
+    at: float  # monotonic seconds
+    running: float  # num_running_reqs
+    num_steps: float  # spec_num_steps: the draft steps the adaptive slot chose (0: speculation off)
+    draft_tokens: float  # spec_num_draft_tokens
+    accept_length: float  # spec_accept_length over the last log interval
+
+
+class GaugeSampler:
+    """Reads /metrics every `every` seconds on a thread while a sweep runs (issue #24: the draft steps the server
+    really used per batch size). Bounded: each read has a 5 s timeout, and the thread stops with the context."""
+
+    def __init__(self, server: Server, every: float = 0.5) -> None:
+        self.server, self.every, self.samples = server, every, list[GaugeSample]()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> GaugeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                m = self.server.metrics()
+            except (OSError, ValueError):
+                continue
+            self.samples.append(
+                GaugeSample(
+                    time.monotonic(),
+                    m.get("sglang:num_running_reqs", 0.0),
+                    m.get("sglang:spec_num_steps", 0.0),
+                    m.get("sglang:spec_num_draft_tokens", 0.0),
+                    m.get("sglang:spec_accept_length", 0.0),
+                )
+            )
+
+
+def steps_by_batch(samples: list[GaugeSample]) -> dict[int, dict[int, int]]:
+    """How often each draft-step count was seen at each running batch size: {batch: {steps: samples}} (idle samples,
+    batch 0, left out). A gauge is the value of the latest decode log line, so a sample right after a level changes
+    can carry the previous level's steps: the counts show that, the majority is the slot's choice."""
+    seen: dict[int, dict[int, int]] = {}
+    for s in samples:
+        batch = round(s.running)
+        if batch > 0:
+            row = seen.setdefault(batch, {})
+            row[round(s.num_steps)] = row.get(round(s.num_steps), 0) + 1
+    return dict(sorted(seen.items()))
 
 
 @dataclass
