@@ -12,7 +12,8 @@
 #             $OUT/gpu-artifacts.tar.gz (tests/gpu/test_sglang_policy.py is left to its own phase)
 #   server-base  gputests on the doctor, health and comm tests and tests/gpu/test_sglang_server.py without TestSpec
 #             (patch, base server, no-graphs server, bad-draft server, revert; about 6 minutes)
-#   server-spec  gputests on tests/gpu/test_sglang_server.py's TestSpec (patch, EAGLE-3 server, revert; about 5 minutes)
+#   server-spec  gputests on tests/gpu/test_sglang_server.py's TestSpec (patch, EAGLE-3 server, revert; about 5 minutes;
+#             SERVER_SPEC_K=" or bench_counts" adds the base server's bench tests)
 #   policy    the issue #24 sweeps (tests/gpu/test_sglang_policy.py: four servers, four sweeps; about 10 minutes),
 #             or in two calls: policy-curves (base and EAGLE-3 sweeps, crossover) then policy-adaptive (our policy,
 #             SGLang's adaptive mode, the verdicts); the sweeps wait for the second call in /tmp/sm120kit-policy
@@ -69,7 +70,8 @@ phase_server_base() {
 }
 
 phase_server_spec() {
-  GPU_TESTS=tests/gpu/test_sglang_server.py PYTEST_K="TestSpec or patch_applies or revert" phase_gputests
+  GPU_TESTS=tests/gpu/test_sglang_server.py PYTEST_K="TestSpec or patch_applies or revert${SERVER_SPEC_K:-}" \
+    phase_gputests
 }
 
 phase_policy() {

@@ -188,13 +188,30 @@ def test_levels_are_paused_and_stamped_with_wall_clock_times(llama_plain: Sim, t
 
 
 def test_duration_cuts_on_a_final_usage_engine_are_estimated_per_event(llama_plain: Sim, tmp_path: Path) -> None:
-    # defect 10d: requests cut at a --duration window's end counted nothing when usage came only at the end
+    # defect 10d: requests cut at a --duration window's end counted nothing when usage came only at the end (the
+    # open loop cuts its tail requests there; the closed loop drains them, below)
     out = tmp_path / "r.jsonl"
-    extra = ("--concurrency", "2", "--duration", "0.4", "--api", "openai-completions", "--output-len", "64")
+    extra = ("--request-rate", "40", "--duration", "0.4", "--api", "openai-completions", "--output-len", "64")
     assert run_subcommand("bench", "--url", llama_plain.url, "--quiet", "--out", str(out), *extra) == 0
     (r,) = read_jsonl(out)
     assert "cut_tokens_estimated" in r.flags and r.output_tokens > 0
     assert any(row.cut for row in r.per_request)
+
+
+def test_a_closed_loop_duration_drains_its_requests_so_the_servers_count_is_the_benchs(
+    llama_plain: Sim, tmp_path: Path
+) -> None:
+    """At the window's end no worker sends again and the requests in flight finish (outside the window): every
+    request has all its tokens, as the server counts them, and none runs on into the next level (a real SGLang
+    server kept generating cancelled streams: docs/validation/2026-12-02-h200-sglang-server)."""
+    out = tmp_path / "r.jsonl"
+    extra = ("--concurrency", "2,3", "--duration", "0.4", "--api", "openai-completions", "--output-len", "64")
+    assert run_subcommand("bench", "--url", llama_plain.url, "--quiet", "--out", str(out), *extra) == 0
+    for r in read_jsonl(out):
+        assert r.per_request and not any(row.cut for row in r.per_request), r.per_request
+        assert {row.output_tokens for row in r.per_request} == {64}
+        assert not {"cut_tokens_estimated", "cut_tokens_uncounted"} & set(r.flags), r.flags
+        assert 0 < r.output_tokens < 64 * len(r.per_request)  # the window holds some, not all, of them
 
 
 def test_the_default_request_count_gives_four_per_worker() -> None:

@@ -2,7 +2,7 @@
 
 Measurement follows the usual pitfalls' cures: each worker's first requests are warm-up; the steady window opens
 when the last worker finished its warm-up and closes when the first worker runs out of work (or at the duration's
-end), so neither the synchronized start nor the drain tail (fewer than C in flight) is measured. Throughput is the
+end, after which no worker sends and the requests in flight finish outside the window), so neither the synchronized start nor the drain tail (fewer than C in flight) is measured. Throughput is the
 slope of the tokens that arrived inside the window against time; its uncertainty is the relative difference of the
 slopes of the window's two halves.
 
@@ -59,7 +59,7 @@ class RequestRecord:
     spec_verify_ct: int | None = None
     token_source: str = ""
     server_lag: tuple[float, ...] = ()
-    cut: bool = False  # stopped at the end of a --duration window: its tokens count, its latency does not
+    cut: bool = False  # cancelled by --level-timeout: its tokens so far count, its latency does not
     anomalies: tuple[str, ...] = ()  # token counts that cannot be true: the request is left out of the numbers
     cached_prompt_tokens: int | None = None  # prompt tokens the server's cache served
     draft_accepted: int | None = None  # llama.cpp timings.draft_n_accepted
@@ -102,7 +102,7 @@ async def one_request(
 ) -> RequestRecord:
     """Send one streaming request and tally its chunks; failures come back as a record with `error` set.
 
-    When cancelled (the end of a duration window), the tokens received so far go to `on_cut` before re-raising.
+    When cancelled (the level's timeout), the tokens received so far go to `on_cut` before re-raising.
     """
     scheduled = time.perf_counter()
     sent = [scheduled]
@@ -229,14 +229,14 @@ async def run_level(
             )
 
     async def stopper() -> None:
-        # With a duration, requests still running at the window's end are cut off: their tokens inside the window
-        # are counted already, and waiting for them would only measure the drain.
+        # With a duration the window closes at the deadline and no worker sends again; requests still running then
+        # finish (drain), their tokens after the deadline outside the window. Cancelling them instead left a real
+        # SGLang 0.5.16 server generating every cut stream to its end, inside the next level's window and counters
+        # (docs/validation/2026-12-02-h200-sglang-server); draining costs at most one request lifetime per level.
         while state.deadline is None:
             await asyncio.sleep(0.01)
         await asyncio.sleep(max(0.0, state.deadline - time.perf_counter()))
         state.t1 = state.deadline
-        for task in tasks:
-            task.cancel()
 
     tasks = [asyncio.ensure_future(worker()) for _ in range(c)]
     helpers = [asyncio.ensure_future(reporter())]
@@ -387,7 +387,8 @@ def _row(r: RequestRecord, in_window: bool) -> RequestRow:
 def _credit_cut_requests(
     concurrency: int, records: Sequence[RequestRecord], warnings: list[str], flags: list[str]
 ) -> list[RequestRecord]:
-    """Requests cut at a --duration window's end by a server that counts tokens only at the end of a response.
+    """Requests cut (open-loop tail requests at the window's end, or any request at --level-timeout) by a server
+    that counts tokens only at the end of a response.
 
     When every finished request of the level had one token per text event (`usage-per-event`), a cut request's
     text events are credited one token each (flag `cut_tokens_estimated`); otherwise their tokens are unknown and
