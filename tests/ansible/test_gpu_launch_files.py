@@ -23,7 +23,15 @@ def renderer() -> ModuleType:
 
 def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> None:
     written = renderer().render_all(tmp_path)
-    names = ["bad-draft.txt", "base.txt", "fusion-on-one-gpu.txt", "no-graphs.txt", "policy.txt", "sglang-adaptive.txt", "spec.txt"]
+    names = [
+        "bad-draft.txt",
+        "base.txt",
+        "fusion-on-one-gpu.txt",
+        "no-graphs.txt",
+        "policy.txt",
+        "sglang-adaptive.txt",
+        "spec.txt",
+    ]
     assert sorted(p.name for p in written) == [*names, "wait.json"]
     for path in written:
         committed = ROOT / "tests" / "gpu" / "launch" / path.name

@@ -2,7 +2,8 @@
 
 Measurement follows the usual pitfalls' cures: each worker's first requests are warm-up; the steady window opens
 when the last worker finished its warm-up and closes when the first worker runs out of work (or at the duration's
-end, after which no worker sends and the requests in flight finish outside the window), so neither the synchronized start nor the drain tail (fewer than C in flight) is measured. Throughput is the
+end, after which no worker sends and the requests in flight finish outside the window), so neither the
+synchronized start nor the drain tail (fewer than C in flight) is measured. Throughput is the
 slope of the tokens that arrived inside the window against time; its uncertainty is the relative difference of the
 slopes of the window's two halves.
 
