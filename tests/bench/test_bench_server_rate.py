@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.conftest import Sim, run_subcommand
-from sm120check.bench.server_rate import CounterTrace, GaugeTrace, judge
+from sm120check.bench.server_rate import CounterTrace, judge
 
 
 def trace(points: list[tuple[float, float]]) -> CounterTrace:
@@ -36,34 +36,6 @@ def test_a_bench_far_from_the_counter_over_a_long_window_is_named() -> None:
     assert judge(t, None, 9.0, 700.0, lifetimes=20.0).server_tok_s is None
 
 
-def gauge(points: list[tuple[float, float]]) -> GaugeTrace:
-    g = GaugeTrace("sglang:gen_throughput")
-    for when, value in points:
-        g.add(when, value)
-    return g
-
-
-def test_the_rate_gauge_is_averaged_over_the_window_by_time_held() -> None:
-    g = gauge([(0.0, 100.0), (2.0, 300.0), (1.0, 5.0), (3.0, float("nan")), (4.0, 200.0), (5.0, -1.0)])
-    assert g.times == [0.0, 2.0, 4.0]  # out of order, NaN and negative samples dropped
-    # [1, 2): 100, [2, 4): 300, [4, 6): 200
-    assert g.mean(1.0, 6.0) == pytest.approx((100 * 1 + 300 * 2 + 200 * 2) / 5)
-    assert g.mean(-1.0, 6.0) is None  # nothing known at the window's start
-    assert g.mean(1.0, 3.0) is None  # one sample inside is not a rate
-
-
-def test_the_gauge_judges_a_short_window_the_completion_counter_cannot() -> None:
-    """Three lifetimes: the counter is not judged, the gauge (a streaming rate) is."""
-    t = trace([(0.0, 0.0), (10.0, 10000.0)])
-    g = gauge([(0.5, 1000.0), (3.0, 1000.0), (6.0, 1000.0)])
-    ok = judge(t, 1.0, 9.0, 1030.0, lifetimes=3.0, gauge=g)
-    assert ok.warning == "" and ok.server_gauge_tok_s == pytest.approx(1000.0)
-    assert ok.to_meta()["server_window_gauge_tok_s"] == 1000.0 and ok.to_meta()["server_gauge"] == g.name
-    off = judge(t, 1.0, 9.0, 800.0, lifetimes=3.0, gauge=g)
-    assert "sglang:gen_throughput averaged 1000.0 tok/s" in off.warning and "(-20.0%)" in off.warning
-    assert judge(t, 1.0, 9.0, 800.0, lifetimes=3.0).warning == ""  # without the gauge: too short to judge
-
-
 def test_a_sweep_records_the_servers_counter_over_its_window(plain_sim: Sim, tmp_path: Path) -> None:
     out = tmp_path / "base.jsonl"
     argv = ["bench", "--url", plain_sim.url, "--quiet", "--output-len", "16", "--input-len", "8", "--pause", "0"]
@@ -74,6 +46,3 @@ def test_a_sweep_records_the_servers_counter_over_its_window(plain_sim: Sim, tmp
     server, bench = record["server_window_tok_s"], record["throughput_tok_s"]
     assert server is not None and abs(bench - server) <= 0.1 * server, (bench, server)
     assert not any("server's own" in w for w in record["warnings"])
-    gauge = record["server_window_gauge_tok_s"]  # the sim's sglang:gen_throughput, set every 10 steps
-    assert record["server_gauge"] == "sglang:gen_throughput"
-    assert gauge is not None and abs(bench - gauge) <= 0.1 * gauge, (bench, gauge)

@@ -34,7 +34,7 @@ from sm120check.bench.metrics import Scrape, SpecFamily, family_for, spec_delta
 from sm120check.bench.openloop import HARD_MAX_IN_FLIGHT, OpenLoopStats, RatePlan, peak_in_flight, run_rate_level
 from sm120check.bench.prompts import load_prompt_file, synthetic_prompts, unique_prompt
 from sm120check.bench.records import LevelSummary, append_jsonl, seed_table
-from sm120check.bench.server_rate import GENERATION_COUNTERS, RATE_GAUGES, CounterSampler
+from sm120check.bench.server_rate import GENERATION_COUNTERS, CounterSampler
 from sm120check.bench.server_rate import judge as judge_window
 from sm120check.bench.speculation import FLAG as DRAFT_FLAG
 from sm120check.bench.speculation import draft_problem
@@ -425,8 +425,7 @@ async def _sweep(
         started = datetime.datetime.now(datetime.timezone.utc)
         open_meta: dict[str, Any] = {}
         counter = GENERATION_COUNTERS.get(facts.engine)
-        gauge = RATE_GAUGES.get(facts.engine, "")
-        sampler = CounterSampler(endpoint, headers, counter, info_timeout, gauge) if counter else None
+        sampler = CounterSampler(endpoint, headers, counter, info_timeout) if counter else None
         if rates is None:
             if sampler is not None:
                 async with sampler:
@@ -436,9 +435,7 @@ async def _sweep(
             ended = datetime.datetime.now(datetime.timezone.utc)
             summary = summarize(c, records, t0, t1, timed_out)
             if sampler is not None:
-                window = judge_window(
-                    sampler.trace, t0, t1, summary.throughput_tok_s, summary.window_lifetimes, sampler.gauge
-                )
+                window = judge_window(sampler.trace, t0, t1, summary.throughput_tok_s, summary.window_lifetimes)
                 open_meta.update(window.to_meta())
                 if window.warning:
                     summary = replace(summary, warnings=(*summary.warnings, window.warning))

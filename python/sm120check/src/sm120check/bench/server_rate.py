@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -29,11 +28,6 @@ GENERATION_COUNTERS = {
     "llama.cpp": "llamacpp:tokens_predicted_total",
     "vllm": "vllm:generation_tokens_total",
 }
-# Engines whose scheduler publishes its own streaming rate: SGLang sets sglang:gen_throughput at every decode log
-# line (tokens of the last --decode-log-interval steps over their seconds), so its mean over the window is the
-# server's streaming throughput, comparable at any window length (measured on the H200: the completion counter was
-# 5-10 % off at 4-11 lifetimes where the gauge is not limited by lifetimes)
-RATE_GAUGES = {"sglang": "sglang:gen_throughput"}
 SAMPLE_S = 0.25
 TOLERANCE = 0.05  # the bench's throughput and the server's counter agree within this, over a long enough window
 MIN_LIFETIMES = 8.0  # shorter windows: the completion counter's edge error can exceed the tolerance
@@ -70,107 +64,50 @@ class CounterTrace:
         return (end - start) / (hi - lo)
 
 
-@dataclass
-class GaugeTrace:
-    """(time on the bench's perf_counter clock, gauge value), in time order: a step function, each value holding
-    until the next sample."""
-
-    name: str
-    times: list[float] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
-
-    def add(self, when: float, value: float) -> None:
-        if (self.times and when <= self.times[-1]) or not math.isfinite(value) or value < 0:
-            return
-        self.times.append(when)
-        self.values.append(value)
-
-    def mean(self, lo: float, hi: float) -> float | None:
-        """The time-weighted mean over [lo, hi]; None without a sample at or before lo and two inside."""
-        if hi <= lo or not self.times or self.times[0] > lo:
-            return None
-        inside = [i for i, t in enumerate(self.times) if lo < t < hi]
-        if len(inside) < 2:
-            return None
-        start = bisect.bisect_right(self.times, lo) - 1  # the value in force at lo
-        edges = [lo, *(self.times[i] for i in inside), hi]
-        held = [self.values[start], *(self.values[i] for i in inside)]
-        return sum(v * (b - a) for v, a, b in zip(held, edges, edges[1:], strict=False)) / (hi - lo)
-
-
 @dataclass(frozen=True)
 class WindowCheck:
-    """The server's counter rate (and its rate gauge's mean, where it has one) over the bench's window, and what
-    the comparison says."""
+    """The server's counter rate over the bench's window, and what the comparison says."""
 
     counter: str
     server_tok_s: float | None
     warning: str  # "" when they agree, the window is too short to judge, or there is no counter
-    gauge: str = ""
-    server_gauge_tok_s: float | None = None
 
     def to_meta(self) -> dict[str, object]:
         rate = None if self.server_tok_s is None else round(self.server_tok_s, 3)
-        meta: dict[str, object] = {"server_counter": self.counter, "server_window_tok_s": rate}
-        if self.gauge:
-            gauge = None if self.server_gauge_tok_s is None else round(self.server_gauge_tok_s, 3)
-            meta |= {"server_gauge": self.gauge, "server_window_gauge_tok_s": gauge}
-        return meta
+        return {"server_counter": self.counter, "server_window_tok_s": rate}
 
 
 def judge(
-    trace: CounterTrace,
-    lo: float | None,
-    hi: float | None,
-    bench: float,
-    lifetimes: float | None,
-    gauge: GaugeTrace | None = None,
+    trace: CounterTrace, lo: float | None, hi: float | None, bench: float, lifetimes: float | None
 ) -> WindowCheck:
-    """The bench's window throughput against the server's own figures over the same window (pure): its rate gauge's
-    mean where it has one (judged at any window length), else its completion counter (judged from MIN_LIFETIMES)."""
-    window = lo is not None and hi is not None
+    """The bench's window throughput against the server's counter over the same window (pure)."""
     rate = trace.rate(lo, hi) if lo is not None and hi is not None else None
-    mean = gauge.mean(lo, hi) if gauge is not None and lo is not None and hi is not None else None
-    name = gauge.name if gauge is not None else ""
-    if window and mean is not None and mean > 0:
-        off = (bench - mean) / mean
-        if abs(off) <= TOLERANCE:
-            return WindowCheck(trace.name, rate, "", name, mean)
-        return WindowCheck(trace.name, rate, _disagrees(name, "averaged", mean, bench, off), name, mean)
     if rate is None or rate <= 0:
-        return WindowCheck(trace.name, rate, "", name, mean)
+        return WindowCheck(trace.name, rate, "")
     off = (bench - rate) / rate
     if abs(off) <= TOLERANCE or lifetimes is None or lifetimes < MIN_LIFETIMES:
-        return WindowCheck(trace.name, rate, "", name, mean)
-    return WindowCheck(trace.name, rate, _disagrees(trace.name, "grew", rate, bench, off), name, mean)
-
-
-def _disagrees(name: str, verb: str, server: float, bench: float, off: float) -> str:
-    return (
-        f"the server's own {name} {verb} {server:.1f} tok/s over the steady window, the bench measured "
-        f"{bench:.1f} ({off:+.1%}): check the client (CPU-bound or lagging) and the server's other traffic"
+        return WindowCheck(trace.name, rate, "")
+    return WindowCheck(
+        trace.name,
+        rate,
+        f"the server's own {trace.name} grew {rate:.1f} tok/s over the steady window, the bench measured "
+        f"{bench:.1f} ({off:+.1%}): check the client (CPU-bound or lagging) and the server's other traffic",
     )
 
 
 class CounterSampler:
-    """Reads one counter (and a rate gauge, when named) from /metrics every SAMPLE_S while a level runs (bounded:
-    each read has its timeout)."""
+    """Reads one counter from /metrics every SAMPLE_S while a level runs (bounded: each read has its timeout)."""
 
-    def __init__(self, endpoint: Endpoint, headers: dict[str, str], name: str, timeout: float, gauge: str = "") -> None:
+    def __init__(self, endpoint: Endpoint, headers: dict[str, str], name: str, timeout: float) -> None:
         self.trace = CounterTrace(name)
-        self.gauge = GaugeTrace(gauge) if gauge else None
         self._endpoint, self._headers, self._timeout = endpoint, headers, timeout
         self._task: asyncio.Task[None] | None = None
 
     async def _read(self) -> None:
         scrape = await scrape_metrics(self._endpoint, self._headers, self._timeout)
         value = scrape.value(self.trace.name) if scrape is not None else None
-        now = time.perf_counter()
         if value is not None:
-            self.trace.add(now, value)
-        rate = scrape.value(self.gauge.name) if scrape is not None and self.gauge is not None else None
-        if rate is not None and self.gauge is not None:
-            self.gauge.add(now, rate)
+            self.trace.add(time.perf_counter(), value)
 
     async def _loop(self) -> None:
         while True:

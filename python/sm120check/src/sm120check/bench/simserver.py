@@ -120,11 +120,6 @@ class _Stats:
     released_draft_tokens: int = 0
     released_accepted: int = 0
     any_spec_release: bool = False
-    # SGLang's sglang:gen_throughput gauge: tokens generated over its last decode-log interval per second
-    gen_throughput: float = 0.0
-    interval_tokens: int = 0
-    interval_steps: int = 0
-    interval_start: float = field(default_factory=time.monotonic)
 
 
 FLAVOURS = ("sglang", "llamacpp")
@@ -207,7 +202,6 @@ class SimServer:
 
     def _step(self) -> None:
         self.steps += 1
-        self._gauge_interval()
         self._stats.max_step_batch = max(self._stats.max_step_batch, len(self._running))
         spec = self.model.mode == "spec"
         base, frac = int(self.model.tau), self.model.tau - int(self.model.tau)
@@ -223,7 +217,6 @@ class SimServer:
             n = base + (1 if self._rng.random() < frac else 0) if verify else 1
             n = min(n, seq.output_len - seq.produced)
             seq.produced += n
-            self._stats.interval_tokens += n
             if verify:
                 seq.verify_ct += 1
                 self._stats.verify_steps += 1
@@ -421,26 +414,12 @@ class SimServer:
             for i in range(min(self.model.max_batch, 4))
         ]
 
-    def _gauge_interval(self, every: int = 10) -> None:
-        """SGLang sets sglang:gen_throughput at each decode log line (--decode-log-interval steps): the tokens of the
-        steps since the last line over the seconds since it."""
-        s = self._stats
-        s.interval_steps += 1
-        if s.interval_steps >= every:
-            now = time.monotonic()
-            s.gen_throughput = s.interval_tokens / (now - s.interval_start) if now > s.interval_start else 0.0
-            s.interval_tokens = s.interval_steps = 0
-            s.interval_start = now
-
     def _sglang_metrics(self) -> str:
         """SGLang's (--enable-metrics) released-token counter, under its own name: moved when a request is released,
-        as SGLang 0.5.16's `observe_one_finished_request` does; and its decode-log throughput gauge."""
-        name, gauge = "sglang:generation_tokens_total", "sglang:gen_throughput"
-        return (
-            f"# HELP {name} Number of generation tokens processed.\n# TYPE {name} counter\n"
+        as SGLang 0.5.16's `observe_one_finished_request` does."""
+        name = "sglang:generation_tokens_total"
+        return f"# HELP {name} Number of generation tokens processed.\n# TYPE {name} counter\n" + (
             f'{name}{{model_name="sim-model"}} {self._stats.released_tokens}\n'
-            f"# HELP {gauge} The generation throughput (token/s).\n# TYPE {gauge} gauge\n"
-            f'{gauge}{{model_name="sim-model"}} {self._stats.gen_throughput}\n'
         )
 
     def _metrics(self) -> str:
