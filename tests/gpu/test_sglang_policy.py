@@ -31,11 +31,13 @@ from lab.sglang_gpu import (
     GaugeSampler,
     Patched,
     Server,
+    judged,
     patch_tree,
     save,
     sm120check,
     start,
     steps_by_batch,
+    window_problems,
     write_models,
 )
 
@@ -43,6 +45,7 @@ LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)  # the account's sweep
 LEVEL_S = 8  # steady seconds per level (the bench's --duration)
 POLICY = Path("/tmp/sm120kit-policy/sglang-spec-adaptive.json")  # rendered into tests/gpu/launch/policy.txt
 SWEEPS = Path(os.environ.get("SM120KIT_POLICY_SWEEPS") or "/tmp/sm120kit-policy/sweeps")
+WINDOW_KEYS = ("concurrency", "throughput_tok_s", "server_window_tok_s", "window_lifetimes")
 ENVELOPE = 0.05  # the issue's target: our policy within 5 % of max(base, EAGLE-3) at every level
 
 pytestmark = MARKS
@@ -111,6 +114,21 @@ class TestCurves:
         for server in start(f"policy-{name}", LAUNCH / f"{name}.txt"):
             sweep(server, name)
         assert set(curve(name)) == set(LEVELS)
+
+    def test_the_bench_is_the_servers_own_count_where_it_can_judge(self) -> None:
+        """#23 on the account's levels: the bench's window throughput within 5 % of the server's generation counter
+        over the same window, base and EAGLE-3, at every level whose window spans MIN_LIFETIMES lifetimes (the
+        others are listed as not judged)."""
+        problems, table = {}, []
+        for name in ("base", "spec"):
+            for line in (SWEEPS / f"{name}.jsonl").read_text().splitlines():
+                rec = json.loads(line)
+                table.append({k: rec.get(k) for k in WINDOW_KEYS} | {"server": name, "judged": judged(rec)})
+                if found := window_problems(rec):
+                    problems[f"{name} C={rec['concurrency']}"] = found
+        save("policy-window-check.json", table)
+        assert any(row["judged"] for row in table), table
+        assert not problems, problems
 
     def test_crossover_writes_the_policy(self) -> None:
         out = SWEEPS / "policies"

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from sm120check.bench.server_rate import MIN_LIFETIMES
 from sm120check.sglang import decode_log
 
 # The marks of every SGLang server test module in tests/gpu: a GPU and a carried SGLang, or a skip saying which
@@ -298,15 +299,31 @@ def check_level(level: Level) -> list[str]:
         problems.append(f"prompt cache hits {level.server_cached:.0f}/{level.server_prompt:.0f} tokens")
     if (rec.get("cached_prompt_fraction") or 0.0) > 0.05:
         problems.append(f"the bench saw cached_prompt_fraction {rec['cached_prompt_fraction']}")
-    server = rec.get("server_window_tok_s")  # the server's generation counter over the bench's own window
-    if server is None:
-        problems.append("the bench recorded no server counter over its window")
-    elif abs(rec["throughput_tok_s"] - server) > TOLERANCE * server:
-        problems.append(
-            f"throughput {rec['throughput_tok_s']:.1f} tok/s against the server's counter {server:.1f} over the same "
-            f"window ({rec.get('window_lifetimes')} lifetimes)"
-        )
+    problems += window_problems(rec)
     return problems
+
+
+def window_problems(rec: dict[str, Any]) -> list[str]:
+    """The bench's window throughput against the server's generation counter over the same window, where the window
+    spans enough request lifetimes for a completion counter to judge (bench/server_rate.py MIN_LIFETIMES); shorter
+    windows are reported in the level table as not judged, never called agreement."""
+    server, lifetimes = rec.get("server_window_tok_s"), rec.get("window_lifetimes")
+    if server is None:
+        return ["the bench recorded no server counter over its window"]
+    if (
+        lifetimes is not None
+        and lifetimes >= MIN_LIFETIMES
+        and abs(rec["throughput_tok_s"] - server) > TOLERANCE * server
+    ):
+        return [
+            f"throughput {rec['throughput_tok_s']:.1f} tok/s against the server's counter {server:.1f} over the same "
+            f"window ({lifetimes:.1f} lifetimes)"
+        ]
+    return []
+
+
+def judged(rec: dict[str, Any]) -> bool:
+    return (rec.get("window_lifetimes") or 0.0) >= MIN_LIFETIMES
 
 
 def level_table(levels: list[Level]) -> list[dict[str, object]]:
@@ -317,6 +334,7 @@ def level_table(levels: list[Level]) -> list[dict[str, object]]:
             "bench_tok_s": lv.record["throughput_tok_s"],
             "server_window_tok_s": lv.record.get("server_window_tok_s"),
             "window_lifetimes": lv.record.get("window_lifetimes"),
+            "counter_judged": judged(lv.record),
             "server_log_tok_s": None if lv.rate is None else round(lv.rate.tok_s, 1),
             "server_steady_decode_tok_s": None if lv.view is None else lv.view.gen_tok_s,
             "bench_tokens": sum(int(r["output_tokens"]) for r in lv.record.get("per_request") or []),
