@@ -489,8 +489,11 @@ def test_an_http_error_names_the_status(docs: Docs) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (("--log", "/nonexistent/sglang.log", "--expect", "fusion"), "--log /nonexistent/sglang.log: cannot read it"),
-        (("--log", "/", "--expect", "fusion"), "--log /: not a regular file"),
+        (
+            ("--log", "/nonexistent/sglang.log", "--expect", "fusion"),
+            "--log /nonexistent/sglang.log: no such file; give the server's log file",
+        ),
+        (("--log", "/", "--expect", "fusion"), "--log /: a directory, not a regular file"),
         (("--log", "/dev/null", "--expect", "fusion,graphs"), "unknown expectation 'graphs'"),
         (("--expect", "fusion"), "nothing to verify against"),
         (("--log", "/dev/null"), "not a regular file"),

@@ -8,10 +8,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sm120check import bounded
 from sm120check.bench.goodput import Goodput, GoodputError
 from sm120check.bench.percentiles import Dist
 
 SCHEMA = "sm120check.bench/1"
+MAX_JSONL_BYTES = 256 << 20  # a level's record is at most a few MiB (one row per request)
 _OPTIONAL_FLOATS = ("throughput_halves_rel_diff", "window_lifetimes", "cached_prompt_fraction")
 _DISTS = ("per_request_tok_s", "ttft_s", "itl_s", "tpot_s", "e2e_s", "client_wait_s", "server_lag_s")
 
@@ -344,9 +346,13 @@ def append_jsonl(path: Path, summaries: Iterable[LevelSummary]) -> None:
 def read_jsonl(path: Path) -> list[LevelSummary]:
     """Every bench record in a JSONL file; raises RecordError naming the file and line for bad input."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RecordError(f"cannot read {path}: {exc.strerror or exc}") from None
+        text = bounded.read_text(path, MAX_JSONL_BYTES)
+    except bounded.TooLarge as exc:
+        raise RecordError(f"{exc} (a level's record is at most a few MiB); give the JSONL file of one sweep") from None
+    except bounded.NotText as exc:
+        raise RecordError(str(exc)) from None
+    except bounded.Unreadable as exc:
+        raise RecordError(f"cannot read {exc}; give the JSONL file `sm120check bench --out` wrote") from None
     records: list[LevelSummary] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

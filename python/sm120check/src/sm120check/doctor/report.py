@@ -6,7 +6,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
@@ -233,30 +232,3 @@ def write_file(path: Path, text: str) -> None:
             with contextlib.suppress(OSError):
                 tmp.unlink()
         raise OSError(exc.errno, exc.strerror, str(path)) from None
-
-
-def write_stdout(text: str) -> str:
-    """Print the report; "" when done or when the reader is gone (a closed pipe is harmless: the files are written),
-    else why stdout could not take it (closed, full). Never raises."""
-    stream = sys.stdout
-    if stream is None:
-        return "stdout is closed"
-    try:
-        stream.write(text)
-        stream.flush()
-    except BrokenPipeError:
-        _silence_stdout()
-        return ""
-    except (OSError, ValueError) as exc:
-        _silence_stdout()
-        return f"cannot write to stdout: {getattr(exc, 'strerror', None) or exc}"
-    return ""
-
-
-def _silence_stdout() -> None:
-    """Point stdout's descriptor at /dev/null, so the interpreter's last flush does not fail again (which would
-    print a traceback and exit 120)."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)

@@ -11,7 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from sm120check.doctor.report import write_file, write_stdout
+from sm120check.console import write_stdout
+from sm120check.doctor.report import write_file
 from sm120check.exitcodes import Exit
 from sm120check.fleet import collect, diff, outliers, render
 from sm120check.fleet.load import FleetInputError, load
