@@ -491,9 +491,9 @@ def test_an_http_error_names_the_status(docs: Docs) -> None:
     [
         (
             ("--log", "/nonexistent/sglang.log", "--expect", "fusion"),
-            "--log /nonexistent/sglang.log: no such file; give the server's log file",
+            "--log /nonexistent/sglang.log: No such file or directory; give the server's log file",
         ),
-        (("--log", "/", "--expect", "fusion"), "--log /: a directory, not a regular file"),
+        (("--log", "/", "--expect", "fusion"), "--log /: is a directory, not a regular file"),
         (("--log", "/dev/null", "--expect", "fusion,graphs"), "unknown expectation 'graphs'"),
         (("--expect", "fusion"), "nothing to verify against"),
         (("--log", "/dev/null"), "not a regular file"),

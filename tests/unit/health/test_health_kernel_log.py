@@ -65,21 +65,21 @@ def test_read_kmsg_stops_at_eagain_on_a_fifo(tmp_path: Path) -> None:
     writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # keeps the FIFO open: an empty read is EAGAIN, not EOF
     try:
         os.write(writer, b"4,1,100,-;" + DOCUMENTED.encode() + b"\n")
-        lines = kernel_log.read_kmsg(str(fifo))
+        log = kernel_log.read_kmsg(str(fifo))
     finally:
         os.close(writer)
-    assert kernel_log.parse(lines)[0].xid == 79
+    assert kernel_log.parse(log.lines)[0].xid == 79 and log.cut == ""
 
 
 def test_unreadable_everywhere_is_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    def denied(path: str = "/dev/kmsg") -> list[str]:
+    def denied(path: str = "/dev/kmsg", newest: bool = True) -> kernel_log.LogLines:
         raise PermissionError(1, "Operation not permitted", path)
 
-    def failing(cmd: list[str]) -> list[str]:
+    def failing(source: str, cmd: list[str], newest: bool = True) -> kernel_log.LogLines:
         raise OSError(f"{cmd[0]} exited 1: dmesg: read kernel buffer failed: Operation not permitted")
 
     monkeypatch.setattr(kernel_log, "read_kmsg", denied)
-    monkeypatch.setattr(kernel_log, "_command", failing)
+    monkeypatch.setattr(kernel_log, "read_command", failing)
     log = kernel_log.read()
     assert log.source == "" and log.events == ()
     assert log.error.startswith("kernel log unreadable:") and "run as root" in log.error

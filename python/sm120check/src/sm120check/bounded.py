@@ -9,9 +9,17 @@ bytes of memory, never more. Text must be UTF-8; the error names the file, the l
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import errno
 import os
+import signal
 import stat
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 UTF8_FIX = "convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8`)"
@@ -63,9 +71,9 @@ def open_regular(path: Path, follow: bool = True) -> int:
         fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow:
-            raise Unreadable(f"{path}: a symbolic link, not followed here") from None
+            raise Unreadable(f"{path}: is a symbolic link, not followed here") from None
         if exc.errno == errno.ENOENT:
-            raise Missing(f"{path}: no such file") from None
+            raise Missing(f"{path}: {exc.strerror}") from None
         if exc.errno == errno.ENXIO:  # a socket, or a FIFO without a writer on some systems
             raise Unreadable(f"{path}: not a regular file") from None
         raise Unreadable(f"{path}: {exc.strerror or exc}") from None
@@ -73,7 +81,9 @@ def open_regular(path: Path, follow: bool = True) -> int:
     if not stat.S_ISREG(mode):
         os.close(fd)
         what = _kind(mode)
-        raise Unreadable(f"{path}: {what}, not a regular file" if what != "not a regular file" else f"{path}: {what}")
+        raise Unreadable(
+            f"{path}: is {what}, not a regular file" if what != "not a regular file" else f"{path}: {what}"
+        )
     return fd
 
 
@@ -135,6 +145,69 @@ def decode(data: bytes, path: Path | str, nul_ok: bool = False) -> str:
     return text
 
 
-def read_text(path: Path, limit: int, follow: bool = True) -> str:
-    """`read_bytes` then `decode`: UTF-8 text of at most `limit` bytes, from a regular file."""
-    return decode(read_bytes(path, limit, follow), path)
+def read_text(path: Path, limit: int, follow: bool = True, lenient: bool = False) -> str:
+    """`read_bytes` then `decode`: UTF-8 text of at most `limit` bytes, from a regular file. `lenient` (for what the
+    kernel writes: /proc, sysfs) replaces undecodable bytes instead of refusing the file."""
+    data = read_bytes(path, limit, follow)
+    return data.decode("utf-8", "replace") if lenient else decode(data, path)
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a command wrote, bounded: `data` is its newest (keep_newest) or first `limit` bytes of stdout."""
+
+    returncode: int  # negative: killed by that signal (-9 at the time bound)
+    data: bytes
+    cut: bool  # stdout was longer than the bound: some of it is left out
+    stderr: str  # its first 4 KiB
+    timed_out: bool = False
+
+
+def command_output(argv: Sequence[str], limit: int, timeout: float, keep_newest: bool = True) -> Output:
+    """Run `argv` (its own process group, killed whole at `timeout` s) and keep at most `limit` bytes of stdout:
+    the newest (a log's last lines) or the first (then the command is stopped once it has written them). Memory
+    stays at `limit` whatever it writes. Raises OSError when it cannot start."""
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen(
+            list(argv), stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        expired = threading.Event()
+
+        def kill() -> None:
+            expired.set()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        kept: collections.deque[bytes] = collections.deque()
+        size, cut, stopped = 0, False, False
+        try:
+            assert proc.stdout is not None
+            while chunk := proc.stdout.read(_CHUNK):
+                if not keep_newest and size + len(chunk) > limit:
+                    kept.append(chunk[: limit - size])
+                    cut = stopped = True
+                    kill()  # the rest is not wanted: stop the command instead of reading it
+                    break
+                kept.append(chunk)
+                size += len(chunk)
+                while keep_newest and size - len(kept[0]) >= limit:
+                    size -= len(kept.popleft())
+                    cut = True
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.stdout is not None:
+                proc.stdout.close()
+            if proc.poll() is None:
+                kill()
+                proc.wait()
+        errors.seek(0)
+        message = errors.read(4096).decode("utf-8", "replace")
+    data = b"".join(kept)
+    if len(data) > limit:
+        data, cut = data[-limit:], True
+    if stopped:
+        return Output(0, data, cut, message)  # stopped by us once it had written enough: not a failure
+    return Output(code, data, cut, message, expired.is_set())

@@ -152,7 +152,7 @@ def read_node(path: Path, follow: bool = True) -> NodeReport:
     host = path.name.removesuffix(".json")
     try:
         if not follow and path.is_symlink():  # refused before the open, for every kind of link
-            raise bounded.Unreadable(f"{path}: a symbolic link, not followed in a run directory")
+            raise bounded.Unreadable(f"{path}: is a symbolic link, not followed in a run directory")
         document = parse_document(bounded.read_text(path, MAX_NODE_BYTES, follow))
     except bounded.Unreadable as error:
         return NodeReport(host, NodeState.ERROR, error=f"cannot read {error}", source=str(path))

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, TypeGuard
 
+from sm120check import bounded
 from sm120check.jitcache import layout
 from sm120check.jitcache.key import BuildContext, CacheKey, KeyProblem
 from sm120check.jitcache.layout import module_dir
@@ -703,7 +704,7 @@ def write_stamp(directory: Path, key: CacheKey, module: str, seconds: float) -> 
 
 def read_stamp(directory: Path) -> dict[str, Any]:
     try:
-        raw = json.loads((directory / STAMP_NAME).read_text())
-    except (OSError, json.JSONDecodeError):
+        raw = json.loads(bounded.read_text(directory / STAMP_NAME, MAX_MANIFEST_BYTES))
+    except (bounded.Unreadable, json.JSONDecodeError, RecursionError):
         return {}
     return raw if isinstance(raw, dict) else {}

@@ -15,19 +15,14 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import http.client
 import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -273,47 +268,17 @@ def read_journal(unit: str, cap: int, timeout: float | None = None) -> tuple[lis
     if journalctl is None:
         raise VerifyError("journalctl is not on PATH: pass the server's log file with --log FILE")
     argv = [journalctl, "-u", unit, "-b", "--no-pager", "-q", "-o", "cat"]
-    with tempfile.TemporaryFile() as errors:
-        try:
-            proc = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        except OSError as exc:
-            raise VerifyError(f"cannot run journalctl: {exc}") from None
-        timer = threading.Timer(limit, _kill_group, (proc,))
-        timer.start()
-        kept: deque[bytes] = deque()
-        size = 0
-        truncated = False
-        try:
-            assert proc.stdout is not None
-            while chunk := proc.stdout.read(_READ):
-                kept.append(chunk)
-                size += len(chunk)
-                while size - len(kept[0]) >= cap:
-                    size -= len(kept.popleft())
-                    truncated = True
-            code = proc.wait()
-        finally:
-            timer.cancel()
-            if proc.stdout is not None:
-                proc.stdout.close()
-        errors.seek(0)
-        message = errors.read(4096).decode("utf-8", "replace").strip()
-    if code < 0:
+    try:
+        out = bounded.command_output(argv, cap, limit)
+    except OSError as exc:
+        raise VerifyError(f"cannot run journalctl: {exc}") from None
+    if out.timed_out:
         raise VerifyError(f"journalctl -u {unit} did not finish within {limit:g} s")
-    if code != 0:
+    if out.returncode != 0:
+        message = out.stderr.strip()
         first = message.splitlines()[0] if message else "no message"
-        raise VerifyError(f"journalctl -u {unit} failed (exit {code}): {printable(first)}")
-    data = b"".join(kept)
-    if len(data) > cap:
-        data, truncated = data[-cap:], True
-    return _decode(data, truncated), truncated
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        raise VerifyError(f"journalctl -u {unit} failed (exit {out.returncode}): {printable(first)}")
+    return _decode(out.data, out.cut), out.cut
 
 
 # --- the command ---------------------------------------------------------------------------------------------------

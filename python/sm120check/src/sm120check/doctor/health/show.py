@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from sm120check import bounded
 from sm120check.doctor.health import sglang_configs, verdicts
 from sm120check.doctor.health.payloads import NodeHealth
 
@@ -52,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("payload", help="the probe's JSON line in a file, or - for stdin")
     parser.add_argument("--sglang", default="", help="an installed sglang package directory")
     args = parser.parse_args(argv)
-    text = sys.stdin.read() if args.payload == "-" else Path(args.payload).read_text(encoding="utf-8")
+    try:
+        text = sys.stdin.read(1 << 24) if args.payload == "-" else bounded.read_text(Path(args.payload), 1 << 24)
+    except bounded.Unreadable as exc:
+        parser.error(str(exc))
     line = [ln for ln in text.strip().splitlines() if ln.startswith("{")][-1]
     health = NodeHealth.from_json(json.loads(line))
     worst = 0
