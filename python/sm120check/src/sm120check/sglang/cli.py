@@ -90,7 +90,8 @@ def run_patch(args: argparse.Namespace) -> int:
         tree = _target(args)
         if tree is None:
             return _not_installed(args)
-        return _revert(tree, args) if args.revert else _patch(tree, args)
+        with patch.tree_lock(tree.root):  # a second run on this tree waits for the first, bounded
+            return _revert(tree, args) if args.revert else _patch(tree, args)
     except SglangError as exc:
         return _error(args, exc)
     except BrokenPipeError:  # stdout closed by the reader: not a problem with the tree
