@@ -520,7 +520,8 @@ def test_log_reads_are_bounded_and_control_characters_are_escaped(tmp_path: Path
     assert run.status == 1
     log = run.report["log"]
     assert log["truncated"] is True and log["start_line"] is None
-    assert "\x1b" not in run.out and "\\\\x1b[31m" in run.out
+    # colour codes are removed (safetext.terminal_text, as everywhere), the line they coloured kept
+    assert "\x1b" not in run.out and "[31m" not in run.out and symm in run.out
 
 
 def fake_journalctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> Path:
@@ -554,3 +555,29 @@ def test_a_journal_that_fails_or_hangs_exits_2(tmp_path: Path, monkeypatch: pyte
     (tmp_path / "bin" / "journalctl").write_text("#!/bin/sh\necho partial\nsleep 30\n", encoding="utf-8")
     hung = verify("--journal-unit", "sglang-server", "--expect", "symm-mem")
     assert hung.status == 2 and "did not finish within 0.5 s" in hung.err
+
+
+def test_the_server_version_reaches_the_terminal_inert(docs: Docs) -> None:
+    # Probe 2, N8: server_info's version was printed raw while the other fields were escaped.
+    url = docs.add(
+        "hostile-version", {"speculative_algorithm": "EAGLE3", "version": "0.5.9\x1b[2J\x1b]0;pwned\x07\x00"}
+    )
+    run = verify("--url", url, "--expect", "speculative")
+    assert run.status == 0, run.err
+    assert not any(c in run.out for c in "\x1b\x07\x00")
+    assert run.out.startswith("SGLang 0.5.9\\x00 (server_info); at ")
+
+
+def test_a_speculation_expected_with_expect_is_named_in_the_fix(docs: Docs) -> None:
+    # Probe 2, N10: the fix said "the launch asked for None" when --expect, not a launch command, set the expectation.
+    run = verify(
+        "--url",
+        docs.add("no-spec", {"speculative_algorithm": None, "version": "0.5.23"}),
+        "--expect",
+        "speculative",
+        "--json",
+    )
+    assert run.status == 1
+    fix = run.verdict("speculative")["fix"]
+    assert "None" not in fix
+    assert fix.startswith("the server runs without speculation although the launch asked for speculation (--expect): ")

@@ -39,6 +39,7 @@ from sm120check.bench.server_rate import judge as judge_window
 from sm120check.bench.speculation import FLAG as DRAFT_FLAG
 from sm120check.bench.speculation import draft_problem
 from sm120check.exitcodes import Exit
+from sm120check.safetext import terminal_text
 
 DEFAULT_LEVELS = "1,2,5,10,30,70,100,250"
 API_KEY_ENV = "OPENAI_API_KEY"
@@ -256,7 +257,7 @@ def handle(args: argparse.Namespace) -> int:
             dataset = load_dataset(args.dataset, args.dataset_format, args.category or ())
             prompts = [p.text for p in dataset.sample(len(dataset.prompts), args.seed)]
     except ValueError as exc:  # DatasetError is a ValueError
-        print(f"sm120check bench: {exc}", file=sys.stderr)
+        print(f"sm120check bench: {terminal_text(exc)}", file=sys.stderr)
         return Exit.USAGE
     if args.warmup < 0:
         print(f"sm120check bench: --warmup {args.warmup} must be 0 or more", file=sys.stderr)
@@ -276,13 +277,13 @@ def handle(args: argparse.Namespace) -> int:
     try:
         asyncio.run(_sweep(args, endpoint, levels, prompts, api_key, summaries))
     except HttpError as exc:
-        print(f"sm120check bench: {exc}\n  is the server up? check {endpoint}/health", file=sys.stderr)
+        print(f"sm120check bench: {terminal_text(exc)}\n  is the server up? check {endpoint}/health", file=sys.stderr)
         code = Exit.FOUND
     except ApiMismatch as exc:
-        print(f"sm120check bench: {exc}; nothing was sent to the server", file=sys.stderr)
+        print(f"sm120check bench: {terminal_text(exc)}; nothing was sent to the server", file=sys.stderr)
         return Exit.USAGE
     except SweepError as exc:
-        print(f"sm120check bench: {exc}", file=sys.stderr)
+        print(f"sm120check bench: {terminal_text(exc)}", file=sys.stderr)
         code, kept = Exit.FOUND, kept and exc.records_kept
     if code and summaries:
         kept_where = f"; their records are in {args.out}" if kept else ""
@@ -333,9 +334,9 @@ async def _sweep(
     pause: float = getattr(args, "pause", 1.0)
     reuse: bool = getattr(args, "allow_prompt_reuse", False)
 
-    def say(line: str) -> None:
+    def say(line: str) -> None:  # warnings carry the server's text: made inert for the terminal
         if not args.quiet:
-            print(line, file=sys.stderr, flush=True)
+            print(terminal_text(line, one_line=True), file=sys.stderr, flush=True)
 
     facts = await discover(endpoint, headers, info_timeout, await fetch_server_info(endpoint, headers, info_timeout))
     _check_api(api, facts, endpoint, bool(args.model))

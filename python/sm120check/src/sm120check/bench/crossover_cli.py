@@ -38,6 +38,7 @@ from sm120check.bench.policy import (
 from sm120check.bench.records import RecordError, read_jsonl
 from sm120check.console import write_stdout
 from sm120check.exitcodes import Exit
+from sm120check.safetext import terminal_text
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -140,10 +141,11 @@ def handle(args: argparse.Namespace) -> int:
         try:
             mode = analyze_mode(read_jsonl(args.base), read_jsonl(args.spec), names, x_axis, metric)
         except RecordError as exc:
-            print(f"sm120check crossover: {exc}", file=sys.stderr)
+            print(f"sm120check crossover: {terminal_text(exc)}", file=sys.stderr)
             return Exit.USAGE
         if problem := write_stdout(
-            (json.dumps(mode.to_json(), indent=2) if args.format == "json" else mode.render_text(names)) + "\n"
+            (json.dumps(mode.to_json(), indent=2) if args.format == "json" else terminal_text(mode.render_text(names)))
+            + "\n"
         ):
             print(f"sm120check crossover: {problem}", file=sys.stderr)
             return Exit.USAGE
@@ -151,7 +153,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         analysis = analyze(read_jsonl(args.base), read_jsonl(args.spec), names)
     except RecordError as exc:
-        print(f"sm120check crossover: {exc}", file=sys.stderr)
+        print(f"sm120check crossover: {terminal_text(exc)}", file=sys.stderr)
         return Exit.USAGE
     policies: Policies | None = None
     reason = ""
@@ -166,9 +168,13 @@ def handle(args: argparse.Namespace) -> int:
         )
     except PolicyError as exc:
         reason = str(exc).removeprefix("no policy: ")
-    render = render_json if args.format == "json" else render_text
+
     status = Exit.OK
-    if problem := write_stdout(render(analysis, names, policies, reason) + "\n"):  # a reader gone is no error
+    if args.format == "json":
+        text = render_json(analysis, names, policies, reason)
+    else:
+        text = terminal_text(render_text(analysis, names, policies, reason))  # the records' text made inert
+    if problem := write_stdout(text + "\n"):  # a reader gone is no error
         print(f"sm120check crossover: {problem}", file=sys.stderr)
         status = Exit.USAGE
     if args.write_policies:
@@ -199,7 +205,10 @@ def _write_png(analysis: Analysis, png: Path, names: tuple[str, str]) -> Exit:
     try:
         write_png(analysis, png, names)
     except PlotUnavailable as exc:
-        print(f"sm120check crossover: {exc}; everything else was done, only the plot is missing", file=sys.stderr)
+        print(
+            f"sm120check crossover: {terminal_text(exc)}; everything else was done, only the plot is missing",
+            file=sys.stderr,
+        )
         return Exit.USAGE
     except OSError as exc:
         print(f"sm120check crossover: --png {png}: {exc.strerror or exc}", file=sys.stderr)

@@ -21,6 +21,7 @@ from sm120check import __version__, argtypes, console, manifest
 from sm120check.doctor import child, facts
 from sm120check.doctor.model import Context
 from sm120check.exitcodes import Exit
+from sm120check.safetext import terminal_text
 
 if TYPE_CHECKING:
     from sm120check.doctor.model import Check
@@ -76,7 +77,7 @@ def _ids(text: str) -> list[str]:
 
 
 def _usage(message: str) -> int:
-    print(f"sm120check doctor: error: {message}", file=sys.stderr)
+    print(f"sm120check doctor: error: {terminal_text(message)}", file=sys.stderr)
     return Exit.USAGE
 
 

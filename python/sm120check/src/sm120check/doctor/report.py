@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sm120check.doctor import document
 from sm120check.doctor.model import Result, Status
-from sm120check.safetext import xml_text
+from sm120check.safetext import terminal_text, xml_text
 
 JSON_SCHEMA = document.JSON_SCHEMA  # bump it there: a field changes meaning or disappears (adding one keeps it)
 
@@ -53,14 +53,17 @@ def tally_line(results: Sequence[Result], seconds: float) -> str:
 def table(results: Sequence[Result], info: RunInfo) -> str:
     """The human report: one row per check, evidence and remedy under every row that did not pass."""
     width = max([len(r.id) for r in results] + [5])
-    lines = [f"sm120check {info.version} doctor on {info.host} (level <= {info.level})"]
+    # Summaries, details and the host name carry text from outside (an Xid's process name is any user's pick):
+    # each line goes through terminal_text, so no escape sequence reaches the terminal and no value adds a row.
+    lines = [f"sm120check {info.version} doctor on {terminal_text(info.host, one_line=True)} (level <= {info.level})"]
     lines.append(f"{'CHECK'.ljust(width)}  STATUS  SUMMARY")
     for result in results:
-        lines.append(f"{result.id.ljust(width)}  {result.status.value.upper():<6}  {result.summary}")
+        summary = terminal_text(result.summary, one_line=True)
+        lines.append(f"{result.id.ljust(width)}  {result.status.value.upper():<6}  {summary}")
         if result.status is not Status.PASS:
             for text, label in ((result.details, "details"), (result.remedy, "remedy")):
                 if text:
-                    body = text.strip().splitlines()
+                    body = [terminal_text(line, one_line=True) for line in text.strip().splitlines()]
                     pad = " " * (width + 10)
                     lines.append(f"{pad}{label}: {body[0]}")
                     lines.extend(f"{pad}  {more}" for more in body[1:])

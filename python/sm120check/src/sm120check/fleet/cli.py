@@ -18,6 +18,7 @@ from sm120check.exitcodes import Exit
 from sm120check.fleet import collect, diff, outliers, render
 from sm120check.fleet.load import FleetInputError, load
 from sm120check.fleet.model import Fleet
+from sm120check.safetext import terminal_text
 
 MAX_RESULTS_BYTES = 256 << 20  # every node's registered doctor result (a node's report is bounded at 16 MiB)
 
@@ -87,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _error(message: str) -> int:
-    print(f"sm120check fleet: error: {message}", file=sys.stderr)
+    print(f"sm120check fleet: error: {terminal_text(message)}", file=sys.stderr)
     return Exit.USAGE
 
 
