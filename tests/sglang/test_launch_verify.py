@@ -581,3 +581,25 @@ def test_a_speculation_expected_with_expect_is_named_in_the_fix(docs: Docs) -> N
     fix = run.verdict("speculative")["fix"]
     assert "None" not in fix
     assert fix.startswith("the server runs without speculation although the launch asked for speculation (--expect): ")
+
+
+SECONDS = "give a number of seconds more than 0 and at most 3600"
+MIB = "give a number of MiB more than 0 and at most 1024"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        # probe 2, N19, N27, N28, N29: tracebacks from threading and int(), a MemoryError, a 5.5 h retry loop
+        (("--timeout", "nan"), f"--timeout: 'nan' is not a finite number; {SECONDS}"),
+        (("--timeout", "inf"), f"--timeout: 'inf' is not a finite number; {SECONDS}"),
+        (("--max-log-mib", "nan"), f"--max-log-mib: 'nan' is not a finite number; {MIB}"),
+        (("--max-log-mib", "100000"), f"--max-log-mib: '100000' is out of range; {MIB}"),
+        (("--retries", "100000"), "--retries: '100000' is out of range; give a whole number of attempts from 1 to 100"),
+    ],
+)
+def test_numeric_options_out_of_range_are_usage_errors_naming_the_value(argv: tuple[str, ...], said: str) -> None:
+    run = verify("--log", "/dev/null", "--expect", "fusion", *argv)
+    assert run.status == 2
+    assert f"sm120check sglang verify-launch: error: argument {said}\n" in run.err
+    assert "Traceback" not in run.err

@@ -18,7 +18,7 @@ from typing import Any
 from sm120check import __version__, argtypes
 from sm120check.bench.apis import Api, RequestSpec
 from sm120check.bench.arrivals import Arrivals
-from sm120check.bench.closedloop import LevelPlan, run_level, summarize
+from sm120check.bench.closedloop import NO_NUMBERS, LevelPlan, run_level, summarize
 from sm120check.bench.datasets import FORMATS, DatasetError, load_dataset, parse_categories
 from sm120check.bench.engines import (
     ServerFacts,
@@ -298,7 +298,16 @@ def handle(args: argparse.Namespace) -> int:
     failed = sum(s.errors for s in summaries)
     if failed:
         print(f"sm120check bench: {failed} requests failed; see error_samples in the records", file=sys.stderr)
-    return Exit.FOUND if failed or code else Exit.OK
+    empty = [s for s in summaries if NO_NUMBERS in s.flags]
+    if empty and not failed:  # a record without a measurement is no success
+        levels_named = ", ".join(
+            f"rate {s.request_rate}/s" if s.mode == "open" else f"C={s.concurrency}" for s in empty
+        )
+        print(
+            f"sm120check bench: {levels_named}: no measured request could be counted; see the warnings in the records",
+            file=sys.stderr,
+        )
+    return Exit.FOUND if failed or code or empty else Exit.OK
 
 
 def _out_problem(path: Path) -> str:

@@ -130,6 +130,7 @@ def _node_from_document(host: str, document: object, source: str) -> NodeReport:
         source=source,
         figures=measured.figures,
         ignored=measured.ignored,
+        reported_host=report.host if report.host and report.host != host else "",
     )
 
 

@@ -113,9 +113,9 @@ class LogLines:
     cut: str = ""
 
 
-def _cut_note(newest: bool, why: str = "") -> str:
-    kept = "newest" if newest else "oldest"
-    return why or f"the log is larger than {MAX_BYTES >> 20} MiB: only its {kept} {MAX_BYTES >> 20} MiB were read"
+def _cut_note(newest: bool) -> str:
+    size = bounded.size_text(MAX_BYTES)
+    return f"the log is larger than {size}: only its {'newest' if newest else 'oldest'} {size} were read"
 
 
 def read_kmsg(path: str = "/dev/kmsg", newest: bool = True) -> LogLines:
@@ -147,12 +147,16 @@ def read_kmsg(path: str = "/dev/kmsg", newest: bool = True) -> LogLines:
                 break
             chunks.append(chunk)
             total += len(chunk)
-            while newest and total > MAX_BYTES:  # records are whole per read: drop whole ones
+            while newest and total - len(chunks[0]) >= MAX_BYTES:  # /dev/kmsg gives one record per read
                 total -= len(chunks.popleft())
                 cut = _cut_note(newest)
     finally:
         os.close(fd)
-    return LogLines(path, _kmsg_records(b"".join(chunks)), cut)
+    data = b"".join(chunks)
+    if len(data) > MAX_BYTES:  # the oldest read went past the bound: keep its whole records after the cut
+        data, cut = data[-MAX_BYTES:], _cut_note(newest)
+        data = data[data.find(b"\n") + 1 :]
+    return LogLines(path, _kmsg_records(data), cut)
 
 
 def read_command(source: str, cmd: list[str], newest: bool = True) -> LogLines:
