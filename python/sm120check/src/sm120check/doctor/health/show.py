@@ -16,6 +16,7 @@ from pathlib import Path
 from sm120check import bounded
 from sm120check.doctor.health import sglang_configs, verdicts
 from sm120check.doctor.health.payloads import NodeHealth
+from sm120check.safetext import terminal_text
 
 
 def _sglang_dir(given: str) -> str:
@@ -61,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     health = NodeHealth.from_json(json.loads(line))
     worst = 0
     for v in judge(health, _sglang_dir(args.sglang)):
-        print(f"{v.status.upper():4} {v.id}: {v.summary}")
+        print(f"{v.status.upper():4} {v.id}: {terminal_text(v.summary, one_line=True)}")
         for detail in v.details.splitlines():
-            print(f"       {detail}")
+            print(f"       {terminal_text(detail, one_line=True)}")
         if v.remedy and v.status in (verdicts.WARN, verdicts.FAIL):
             print(f"       fix: {v.remedy}")
         worst = max(worst, {verdicts.FAIL: 2, verdicts.WARN: 1}.get(v.status, 0))
