@@ -60,7 +60,7 @@ _PCIE = (
     f"{_D}/pcie/cmdline.py",
     f"{_D}/pcie/kernel_log.py",
     f"{_D}/pcie/fact_file.py",
-    f"{_D}/pcie/files.py",
+    f"{_SRC}/bounded.py",
 )
 _JIT = (f"{_SRC}/jitcache/layout.py", f"{_SRC}/jitcache/modules.py", f"{_SRC}/jitcache/ninja.py")
 

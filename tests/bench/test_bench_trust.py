@@ -53,13 +53,13 @@ def lying_server(counts: list[int], meta: dict[str, object] | None = None, info:
         yield url(server)
 
 
-def bench(url: str, out: Path, *extra: str) -> dict[str, Any]:
-    code = run_subcommand(
+def bench(url: str, out: Path, *extra: str, code: int = 0) -> dict[str, Any]:
+    got = run_subcommand(
         "bench", "--url", url, "--concurrency", "1", "--requests-per-level", "2", "--warmup", "0",
         "--output-len", "16", "--quiet", "--info-timeout", "2", "--request-timeout", "10", "--level-timeout", "20",
         "--out", str(out), *extra,
     )  # fmt: skip
-    assert code == 0
+    assert got == code
     lines = out.read_text().splitlines()
     assert len(lines) == 1
     data = _strict(lines[0])
@@ -70,16 +70,22 @@ def bench(url: str, out: Path, *extra: str) -> dict[str, Any]:
 @pytest.mark.timeout(60)
 def test_counts_that_go_backwards_or_explode_are_flagged_and_not_counted(tmp_path: Path) -> None:
     with lying_server([5, 3, -100, 10**12]) as url:
-        record = bench(url, tmp_path / "r.jsonl")
-    assert "untrusted_token_counts" in record["flags"]
+        record = bench(url, tmp_path / "r.jsonl", code=1)  # no request could be counted: no success
+    assert record["flags"] == ["untrusted_token_counts", "no_numbers"]
     assert any("cannot be true" in str(w) for w in record["warnings"])
+    # probe 2, B24: the warning said "every measured request ... failed (0 of 2; first error: none)"
+    assert (
+        "no measured request at C=1 can be trusted (2 of 2 reported token counts that cannot be true); the level "
+        "has no numbers" in record["warnings"]
+    )
+    assert not any("failed" in str(w) for w in record["warnings"])
     assert record["throughput_tok_s"] == 0 and record["output_tokens"] == 0
 
 
 @pytest.mark.timeout(60)
 def test_tokens_above_output_len_are_flagged(tmp_path: Path) -> None:
     with lying_server([1, 2, 50]) as url:
-        record = bench(url, tmp_path / "r.jsonl")
+        record = bench(url, tmp_path / "r.jsonl", code=1)
     assert "untrusted_token_counts" in record["flags"]
     assert any("--output-len" in str(w) for w in record["warnings"])
     assert record["output_tokens"] == 0
@@ -88,7 +94,7 @@ def test_tokens_above_output_len_are_flagged(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_a_negative_spec_verify_ct_gives_no_negative_accept_length(tmp_path: Path) -> None:
     with lying_server([2, 4, 6], {"spec_verify_ct": -1}) as url:
-        record = bench(url, tmp_path / "r.jsonl")
+        record = bench(url, tmp_path / "r.jsonl", code=1)
     assert record["accept_length"] is None
     assert "untrusted_token_counts" in record["flags"]
 

@@ -190,3 +190,21 @@ def test_junit_is_well_formed_with_control_characters_in_the_evidence(tmp_path: 
     failures = root.findall(".//failure")
     assert failures and all("\x1b" not in (f.get("message") or "") for f in failures)
     assert "nul" in (failures[0].get("message") or "")
+
+
+# --- probe 2, N65: a node file whose report names another host -------------------------------------------------
+
+
+def test_a_node_file_whose_report_names_another_host_is_pointed_out(tmp_path: Path) -> None:
+    run = write_nodes(tmp_path / "run", {"N1": real_with(host="n1"), "n1": real_with(host="n1")})
+    fleet = load(run)
+    copied, own = fleet.node("N1"), fleet.node("n1")
+    assert copied is not None and own is not None
+    assert (copied.reported_host, own.reported_host) == ("n1", "")
+    table = render.render(fleet, "table")
+    assert table.split("Node files whose report names another host:\n", 1)[1].startswith(
+        f"  N1: {run / 'nodes' / 'N1.json'} holds the report of host 'n1'; if that is not this node, the file was "
+        "copied or renamed: run the fleet play again (it names each file after its host)\n"
+    )
+    nodes = {n["host"]: n for n in json.loads(render.render(fleet, "json"))["nodes"]}
+    assert (nodes["N1"]["reported_host"], nodes["n1"]["reported_host"]) == ("n1", None)

@@ -416,3 +416,28 @@ def test_unpack_waits_for_another_only_within_a_bound(
     err = capsys.readouterr().err
     assert f"another unpack has held the lock on {node}" in err and "fuser" in err
     assert _tree(tmp_path) == before
+
+
+EARLY = "(Compressed file ended before the end-of-stream marker was reached)"
+
+
+@pytest.mark.parametrize(
+    ("cut", "said"),
+    [
+        (
+            8,
+            "failed verification, nothing was installed:\n  the bundle's gzip stream ends early or is damaged "
+            f"{EARLY}, though every file's sha256 matched: copy it",
+        ),
+        (30, f"is not a readable gzip'd tar {EARLY}: copy it again"),  # a small bundle: the cut reaches its start
+    ],
+)
+def test_bundle_with_its_gzip_trailer_cut_is_refused_though_every_sha256_matches(
+    tmp_path: Path, node: Path, capsys: pytest.CaptureFixture[str], cut: int, said: str
+) -> None:
+    # Probe 2, J9: the last bytes of the gzip stream (its CRC and length) gone; every member is still whole.
+    whole = _simple(tmp_path / "whole.tar.gz", {"demo": {"dir": MOD}}, [(LIB, os.urandom(4096))])
+    out = tmp_path / "cut.tar.gz"
+    out.write_bytes(whole.read_bytes()[:-cut])
+    _assert_refused_and_unchanged(tmp_path, node, out, capsys, f"sm120check jit: {out} {said}")
+    assert main(["verify", "--no-key-check", str(whole)]) == 0  # the same bundle, whole, passes

@@ -489,8 +489,11 @@ def test_an_http_error_names_the_status(docs: Docs) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (("--log", "/nonexistent/sglang.log", "--expect", "fusion"), "--log /nonexistent/sglang.log: cannot read it"),
-        (("--log", "/", "--expect", "fusion"), "--log /: not a regular file"),
+        (
+            ("--log", "/nonexistent/sglang.log", "--expect", "fusion"),
+            "--log /nonexistent/sglang.log: No such file or directory; give the server's log file",
+        ),
+        (("--log", "/", "--expect", "fusion"), "--log /: is a directory, not a regular file"),
         (("--log", "/dev/null", "--expect", "fusion,graphs"), "unknown expectation 'graphs'"),
         (("--expect", "fusion"), "nothing to verify against"),
         (("--log", "/dev/null"), "not a regular file"),
@@ -517,7 +520,8 @@ def test_log_reads_are_bounded_and_control_characters_are_escaped(tmp_path: Path
     assert run.status == 1
     log = run.report["log"]
     assert log["truncated"] is True and log["start_line"] is None
-    assert "\x1b" not in run.out and "\\\\x1b[31m" in run.out
+    # colour codes are removed (safetext.terminal_text, as everywhere), the line they coloured kept
+    assert "\x1b" not in run.out and "[31m" not in run.out and symm in run.out
 
 
 def fake_journalctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> Path:
@@ -551,3 +555,51 @@ def test_a_journal_that_fails_or_hangs_exits_2(tmp_path: Path, monkeypatch: pyte
     (tmp_path / "bin" / "journalctl").write_text("#!/bin/sh\necho partial\nsleep 30\n", encoding="utf-8")
     hung = verify("--journal-unit", "sglang-server", "--expect", "symm-mem")
     assert hung.status == 2 and "did not finish within 0.5 s" in hung.err
+
+
+def test_the_server_version_reaches_the_terminal_inert(docs: Docs) -> None:
+    # Probe 2, N8: server_info's version was printed raw while the other fields were escaped.
+    url = docs.add(
+        "hostile-version", {"speculative_algorithm": "EAGLE3", "version": "0.5.9\x1b[2J\x1b]0;pwned\x07\x00"}
+    )
+    run = verify("--url", url, "--expect", "speculative")
+    assert run.status == 0, run.err
+    assert not any(c in run.out for c in "\x1b\x07\x00")
+    assert run.out.startswith("SGLang 0.5.9\\x00 (server_info); at ")
+
+
+def test_a_speculation_expected_with_expect_is_named_in_the_fix(docs: Docs) -> None:
+    # Probe 2, N10: the fix said "the launch asked for None" when --expect, not a launch command, set the expectation.
+    run = verify(
+        "--url",
+        docs.add("no-spec", {"speculative_algorithm": None, "version": "0.5.23"}),
+        "--expect",
+        "speculative",
+        "--json",
+    )
+    assert run.status == 1
+    fix = run.verdict("speculative")["fix"]
+    assert "None" not in fix
+    assert fix.startswith("the server runs without speculation although the launch asked for speculation (--expect): ")
+
+
+SECONDS = "give a number of seconds more than 0 and at most 3600"
+MIB = "give a number of MiB more than 0 and at most 1024"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        # probe 2, N19, N27, N28, N29: tracebacks from threading and int(), a MemoryError, a 5.5 h retry loop
+        (("--timeout", "nan"), f"--timeout: 'nan' is not a finite number; {SECONDS}"),
+        (("--timeout", "inf"), f"--timeout: 'inf' is not a finite number; {SECONDS}"),
+        (("--max-log-mib", "nan"), f"--max-log-mib: 'nan' is not a finite number; {MIB}"),
+        (("--max-log-mib", "100000"), f"--max-log-mib: '100000' is out of range; {MIB}"),
+        (("--retries", "100000"), "--retries: '100000' is out of range; give a whole number of attempts from 1 to 100"),
+    ],
+)
+def test_numeric_options_out_of_range_are_usage_errors_naming_the_value(argv: tuple[str, ...], said: str) -> None:
+    run = verify("--log", "/dev/null", "--expect", "fusion", *argv)
+    assert run.status == 2
+    assert f"sm120check sglang verify-launch: error: argument {said}\n" in run.err
+    assert "Traceback" not in run.err

@@ -163,3 +163,30 @@ def test_links_planted_at_every_predictable_temporary_name_are_never_written_thr
         report = out / name
         assert not report.is_symlink() and report.is_file()
         assert "sm120check" in report.read_text(encoding="utf-8")
+
+
+# --- probe 2, N91, N90: a FIFO as the manifest, duplicate keys ---------------------------------------------------
+
+FIX = "rerun the sm120check role (`ansible-playbook site.yml --tags sm120check`) to rewrite it"
+
+
+def test_a_fifo_as_the_manifest_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "manifest.json"
+    os.mkfifo(fifo)
+    with pytest.raises(manifest.ManifestError) as refused:
+        manifest.load(fifo)
+    assert str(refused.value) == f"{fifo}: is a FIFO (named pipe), not a regular file; {FIX}"
+    assert refused.value.kind is manifest.ErrorKind.UNREADABLE
+    run = doctor(*QUICK, env={manifest.ENV_VAR: str(fifo)}, timeout=60)  # hung until killed before
+    assert run.returncode == 1, run.stderr
+    assert results_of(run.stdout)["manifest"]["details"] == str(refused.value)
+
+
+def test_a_manifest_key_given_twice_is_refused_naming_it(tmp_path: Path) -> None:
+    path = write_manifest(tmp_path)
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace('"profile":', '"profile": "full", "profile":', 1), encoding="utf-8")
+    with pytest.raises(manifest.ManifestError) as refused:
+        manifest.load(path)  # the last one silently won
+    assert str(refused.value) == f'{path} lists the key "profile" twice; {FIX}'
+    assert refused.value.kind is manifest.ErrorKind.INVALID

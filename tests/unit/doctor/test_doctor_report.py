@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import xml.etree.ElementTree as ET
 
 from sm120check.doctor import report
+from sm120check.doctor.health import kernel_log, verdicts
+from sm120check.doctor.health.payloads import KernelLog
 from sm120check.doctor.model import Result, Status
 
 INFO = report.RunInfo(
@@ -101,3 +104,14 @@ def test_table_shows_evidence_and_remedy_only_for_non_passing_checks() -> None:
     assert "remedy: install a driver" in text
     assert 'details: log "quoted"' in text and "  line2" in text
     assert text.rstrip().endswith("4 checks: 1 pass, 1 warn, 1 fail, 1 skip (1.50 s)")
+
+
+def test_the_table_makes_an_xid_process_name_and_a_host_name_inert() -> None:
+    # Probe 2, N70: an Xid line's name= is the process that caused it (any user picks it), the host name is anyone's.
+    line = "NVRM: Xid (PCI:0000:3b:00): 13, pid=42, name=\x1b[2J\x1b]0;pwned\x07\x00x, Graphics Exception"
+    verdict = verdicts.xid(KernelLog("/dev/kmsg", kernel_log.parse([line]), lines=1))
+    result = Result("gpu_xid", Status.FAIL, verdict.summary, verdict.details, family="health", level=1)
+    text = report.table([result], dataclasses.replace(INFO, host="n1\x1b[31m\rfake"))
+    assert not any(c in text for c in "\x1b\x07\x00\r")
+    assert "sm120check 0.1.0 doctor on n1\\x0dfake (level <= 2)" in text
+    assert "0000:3b:00: Xid 13, pid=42, name=\\x00x, Graphics Exception" in text

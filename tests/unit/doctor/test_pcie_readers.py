@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pcie_trees import ACS_OFF, ACS_ON, PLX, FakeLspci, Tree, amd_root_ports, device_block, plx_switch, recorded
 
+from sm120check.bounded import Unreadable, read_text
 from sm120check.doctor.pcie import cmdline, fact_file, kernel_log, lspci, node, sysfs
-from sm120check.doctor.pcie.files import Unreadable, read_text
 
 
 def test_cmdline_with_amd_iommu_on_and_iommu_pt_is_passthrough() -> None:
@@ -171,24 +171,24 @@ def test_garbage_class_or_group_type_is_skipped_not_a_traceback(tmp_path: Path) 
 def test_read_text_refuses_a_huge_file(tmp_path: Path) -> None:
     path = tmp_path / "cmdline"
     path.write_bytes(b"a" * (1 << 20))
-    with pytest.raises(Unreadable, match="larger than 65536 bytes"):
-        read_text(path)
+    with pytest.raises(Unreadable, match="larger than 64 KiB"):
+        read_text(path, 64 << 10)
 
 
 def test_read_text_refuses_binary_and_non_utf8(tmp_path: Path) -> None:
     (tmp_path / "bin").write_bytes(b"iommu=pt\x00\x01")
     (tmp_path / "latin").write_bytes(b"iommu=pt \xff\xfe")
     with pytest.raises(Unreadable, match="NUL bytes"):
-        read_text(tmp_path / "bin")
+        read_text(tmp_path / "bin", 64)
     with pytest.raises(Unreadable, match="not UTF-8"):
-        read_text(tmp_path / "latin")
+        read_text(tmp_path / "latin", 64)
 
 
 def test_read_text_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "type"
     os.mkfifo(fifo)
     with pytest.raises(Unreadable, match="not a regular file"):
-        read_text(fifo)
+        read_text(fifo, 64)
 
 
 def _fact(path: Path, **fields: object) -> fact_file.FactRead:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from sm120check.doctor.health import kernel_log
+from sm120check.doctor.health import kernel_log, verdicts
+from sm120check.doctor.health.payloads import KernelLog
 from sm120check.doctor.health.xid import AZUREHPC_XIDS, CATALOGUE, lookup
 
 # Lines as the driver prints them (NVIDIA's Xid docs format `NVRM: Xid (PCI:<bus>): <xid>, pid=..., name=..., <text>`;
@@ -65,21 +67,21 @@ def test_read_kmsg_stops_at_eagain_on_a_fifo(tmp_path: Path) -> None:
     writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # keeps the FIFO open: an empty read is EAGAIN, not EOF
     try:
         os.write(writer, b"4,1,100,-;" + DOCUMENTED.encode() + b"\n")
-        lines = kernel_log.read_kmsg(str(fifo))
+        log = kernel_log.read_kmsg(str(fifo))
     finally:
         os.close(writer)
-    assert kernel_log.parse(lines)[0].xid == 79
+    assert kernel_log.parse(log.lines)[0].xid == 79 and log.cut == ""
 
 
 def test_unreadable_everywhere_is_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    def denied(path: str = "/dev/kmsg") -> list[str]:
+    def denied(path: str = "/dev/kmsg", newest: bool = True) -> kernel_log.LogLines:
         raise PermissionError(1, "Operation not permitted", path)
 
-    def failing(cmd: list[str]) -> list[str]:
+    def failing(source: str, cmd: list[str], newest: bool = True) -> kernel_log.LogLines:
         raise OSError(f"{cmd[0]} exited 1: dmesg: read kernel buffer failed: Operation not permitted")
 
     monkeypatch.setattr(kernel_log, "read_kmsg", denied)
-    monkeypatch.setattr(kernel_log, "_command", failing)
+    monkeypatch.setattr(kernel_log, "read_command", failing)
     log = kernel_log.read()
     assert log.source == "" and log.events == ()
     assert log.error.startswith("kernel log unreadable:") and "run as root" in log.error
@@ -93,3 +95,43 @@ def test_catalogue_covers_the_azurehpc_list_and_the_app_xids() -> None:
     assert all(CATALOGUE[n].severity == "fail" for n in AZUREHPC_XIDS)
     assert lookup(79).name == "GPU has fallen off the bus"
     assert lookup(999).name == "not in the catalogue"
+
+
+# --- probe 2, N72: a log larger than the bound keeps its newest lines, and says it cut --------------------------
+
+XID_LAST = "NVRM: Xid (PCI:0000:3b:00): 48, pid=7, name=python3, DBE (Double Bit Error) ECC Error"
+
+
+def test_journalctl_output_over_the_bound_keeps_its_newest_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_log, "MAX_BYTES", 1 << 20)
+    noise = "print('usb 1-1: new device ' * 4, flush=False)\n"
+    script = f"for _ in range(40000):\n    {noise}print({XID_LAST!r})\n"  # about 4 MiB, the Xid on the last line
+    log = kernel_log.read_command("journalctl -k -b", [sys.executable, "-c", script])
+    assert kernel_log.parse(log.lines)[-1].xid == 48
+    assert log.cut == "the log is larger than 1 MiB: only its newest 1 MiB were read"
+    assert log.lines[0].startswith("usb 1-1: new device")  # the line the cut went through is dropped whole
+
+
+def test_the_xid_verdict_says_the_log_was_cut() -> None:
+    cut = "the log is larger than 32 MiB: only its newest 32 MiB were read"
+    log = KernelLog("journalctl -k -b", kernel_log.parse([XID_LAST]), lines=1, cut=cut)
+    verdict = verdicts.xid(log)
+    assert verdict.details.endswith(f"\n{cut}")
+    clean = verdicts.xid(KernelLog("journalctl -k -b", (), lines=300000, cut=cut))
+    assert clean.summary == f"no Xid in the kernel log since boot (journalctl -k -b, 300000 lines; {cut})"
+
+
+def test_kmsg_over_the_bound_keeps_its_newest_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_log, "MAX_BYTES", 4096)
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        for seq in range(200):
+            os.write(writer, f"6,{seq},{seq}000,-;usb 1-1: noise\n".encode())
+        os.write(writer, b"4,200,200000,-;" + XID_LAST.encode() + b"\n")
+        log = kernel_log.read_kmsg(str(fifo))
+    finally:
+        os.close(writer)
+    assert kernel_log.parse(log.lines)[-1].xid == 48 and len(log.lines) < 201
+    assert log.cut == "the log is larger than 4 KiB: only its newest 4 KiB were read"

@@ -9,11 +9,12 @@ start-up); `--help`, no subcommand or an unknown one imports them all, for the f
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
-from sm120check import __version__
+from sm120check import __version__, console
 from sm120check.exitcodes import Exit
 
 if TYPE_CHECKING:
@@ -111,3 +112,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sm120check: interrupted", file=sys.stderr)
         return Exit.INTERRUPTED
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): the shell's status for it, no traceback
+        console.silence_stdout()
+        return Exit.signalled(signal.SIGPIPE)

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from sm120check import bounded
+
 DEFAULT_PATH = Path("/etc/sm120kit/manifest.json")
 ENV_VAR = "SM120KIT_MANIFEST"
 SCHEMA = 2
@@ -260,34 +262,40 @@ def _strs(raw: Mapping[str, object], name: str) -> dict[str, str]:
     return {k: str(v) for k, v in _obj(raw, name).items()}
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object that names one key twice (the JSON reader would keep the last silently)."""
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    result: dict[str, object] = {}
+    for name, value in pairs:
+        if name in result:
+            raise _DuplicateKey(json.dumps(name[:80]))
+        result[name] = value
+    return result
+
+
 def load(path: Path | None = None) -> Manifest:
     """Read the manifest, check it against the schema; raise ManifestError (its kind and the fix) if unusable."""
     path = path or manifest_path()
     fix = f"rerun the sm120check role (`{REWRITE}`) to rewrite it"
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_BYTES + 1)
-    except FileNotFoundError:
+    try:  # bounded, and a regular file only: a FIFO there hung the doctor
+        text = bounded.read_text(path, MAX_BYTES)
+    except bounded.Missing:
         raise ManifestError(
             f"{path} does not exist; run `{REWRITE}` to write it (or point {ENV_VAR} at a manifest)",
             ErrorKind.MISSING,
         ) from None
-    except OSError as exc:
-        raise ManifestError(f"{path} cannot be read: {exc.strerror or exc}; {fix}", ErrorKind.UNREADABLE) from None
-    if len(data) > MAX_BYTES:
-        raise ManifestError(f"{path} is larger than {MAX_BYTES >> 20} MiB, not a manifest; {fix}", ErrorKind.UNREADABLE)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestError(
-            f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); {fix}", ErrorKind.UNREADABLE
-        ) from None
+    except bounded.Unreadable as exc:
+        raise ManifestError(f"{exc}; {fix}", ErrorKind.UNREADABLE) from None
     if _depth(text) > MAX_DEPTH:
         raise ManifestError(
             f"{path} is nested deeper than {MAX_DEPTH} levels, not a manifest; {fix}", ErrorKind.INVALID
         )
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as exc:
+        raise ManifestError(f"{path} lists the key {exc} twice; {fix}", ErrorKind.INVALID) from None
     except (json.JSONDecodeError, RecursionError, ValueError) as exc:
         raise ManifestError(f"{path} is not valid JSON ({exc}); {fix}", ErrorKind.INVALID) from None
     if not isinstance(raw, dict):

@@ -15,8 +15,9 @@ import re
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|\x9b[0-?]*[ -/]*[@-~]")
 # Characters XML 1.0 does not allow anywhere (section 2.2): C0 controls but tab, LF, CR; surrogates; U+FFFE, U+FFFF.
 _XML_FORBIDDEN = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-# What a terminal line should not get: every C0 and C1 control, DEL (newline and tab handled by the caller's mode).
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# What a terminal line should not get: every C0 and C1 control, DEL (newline and tab handled by the caller's mode),
+# and the invisible format characters that reorder or hide text (bidi overrides and isolates, zero-width ones).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 
 
 def strip_ansi(text: str) -> str:
@@ -34,7 +35,10 @@ def xml_text(text: object) -> str:
 
 
 def terminal_text(text: object, one_line: bool = False) -> str:
-    """Text without ANSI sequences or control characters (escaped visibly); one_line also escapes newlines and tabs."""
+    """Text without ANSI sequences or control characters (escaped visibly); one_line also escapes newlines and tabs.
+
+    The one function for text from outside (Xid process names, host names, server versions, file names, logs) on
+    its way to a terminal: every text render and error line of the tools passes through it."""
     cleaned = _CONTROL.sub(_visible, strip_ansi(str(text)))
     if one_line:
         cleaned = cleaned.replace("\r", "\\r").replace("\n", "\\n").replace("\t", " ")

@@ -15,10 +15,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sm120check import __version__
+from sm120check import __version__, argtypes
 from sm120check.bench.apis import Api, RequestSpec
 from sm120check.bench.arrivals import Arrivals
-from sm120check.bench.closedloop import LevelPlan, run_level, summarize
+from sm120check.bench.closedloop import NO_NUMBERS, LevelPlan, run_level, summarize
 from sm120check.bench.datasets import FORMATS, DatasetError, load_dataset, parse_categories
 from sm120check.bench.engines import (
     ServerFacts,
@@ -39,6 +39,7 @@ from sm120check.bench.server_rate import judge as judge_window
 from sm120check.bench.speculation import FLAG as DRAFT_FLAG
 from sm120check.bench.speculation import draft_problem
 from sm120check.exitcodes import Exit
+from sm120check.safetext import terminal_text
 
 DEFAULT_LEVELS = "1,2,5,10,30,70,100,250"
 API_KEY_ENV = "OPENAI_API_KEY"
@@ -54,60 +55,44 @@ def default_requests(concurrency: int) -> int:
 MAX_CONCURRENCY = 4096  # each in-flight request is one connection and one task on this client
 
 
+_level = argtypes.whole(
+    1,
+    MAX_CONCURRENCY,
+    hint="each in-flight request holds one connection and one task here; measure higher loads with several clients",
+)
+
+
 def parse_levels(text: str) -> list[int]:
     levels: list[int] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        if not part.isdigit() or int(part) < 1:
-            raise argparse.ArgumentTypeError(f"concurrency {part!r} is not a positive integer (e.g. 1,2,5,10)")
-        if int(part) > MAX_CONCURRENCY:
-            raise argparse.ArgumentTypeError(
-                f"concurrency {part} is above the maximum {MAX_CONCURRENCY}: each in-flight request holds one "
-                "connection and one task on this client; measure higher loads with several clients"
-            )
-        if int(part) not in levels:
-            levels.append(int(part))
+        try:
+            value = _level(part)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"concurrency {exc} (e.g. 1,2,5,10)") from None
+        if value not in levels:
+            levels.append(value)
     if not levels:
         raise argparse.ArgumentTypeError("no concurrency levels given (e.g. --concurrency 1,2,5,10)")
     return levels
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
-
-
-def _temperature(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
-
-
-def _pause(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or not 0 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 3600 seconds")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
+# One range per kind of option, each through the shared parser (finite, in range; argtypes.py says why).
+_timeout = argtypes.seconds
+_duration = argtypes.real(0, argtypes.DAY_S, unit="of seconds", low_open=True)
+_temperature = argtypes.real(0, 100, hint="0 is greedy")
+_pause = argtypes.real(0, 3600, unit="of seconds")
+_positive_int = argtypes.whole(1, 1 << 20)
+_length = argtypes.whole(1, 1 << 20, unit="of words or tokens")
+_warmup = argtypes.whole(0, 1 << 16, unit="of requests")
+# Below 0.01/s a level of 32 arrivals outlasts the default level timeout of an hour; a rate of 1e-300 waited it out.
+MIN_RATE = 0.01
+_rate = argtypes.real(MIN_RATE, 1e6, unit="of requests per second", inf_means="all at once")
+_burstiness = argtypes.real(
+    0, 1000, low_open=True, inf_means="constant gaps", hint="1 = Poisson, below 1 burstier, above 1 more even"
+)
 
 
 def parse_rates(text: str) -> list[float]:
@@ -118,28 +103,14 @@ def parse_rates(text: str) -> list[float]:
         if not part:
             continue
         try:
-            value = float(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"request rate {part!r} is not a number (e.g. 1,2,4,8 or inf)") from None
-        if math.isnan(value) or value <= 0:
-            raise argparse.ArgumentTypeError(
-                f"request rate {part!r} must be > 0 requests per second (inf: all at once)"
-            )
+            value = _rate(part)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"request rate {exc} (e.g. 1,2,4,8)") from None
         if value not in rates:
             rates.append(value)
     if not rates:
         raise argparse.ArgumentTypeError("no request rates given (e.g. --request-rate 1,2,4,8)")
     return rates
-
-
-def _burstiness(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if math.isnan(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0: 1 = Poisson, below 1 burstier, above 1 more even")
-    return value
 
 
 def _max_in_flight(text: str) -> int:
@@ -202,12 +173,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=_positive_int,
         help="measured requests per level (default: 4*C, at least 32: fewer leave the slope uncertain)",
     )
-    amount.add_argument("--duration", type=_positive_float, help="seconds of steady window per level instead")
+    amount.add_argument("--duration", type=_duration, help="seconds of steady window per level instead")
     p.add_argument(
-        "--warmup", type=int, help="warm-up requests per worker before measuring (default 1); open loop: arrivals (8)"
+        "--warmup",
+        type=_warmup,
+        help="warm-up requests per worker before measuring (default 1); open loop: arrivals (8)",
     )
-    p.add_argument("--input-len", type=_positive_int, default=256, help="synthetic prompt length in words")
-    p.add_argument("--output-len", type=_positive_int, default=256, help="output tokens per request")
+    p.add_argument("--input-len", type=_length, default=256, help="synthetic prompt length in words")
+    p.add_argument("--output-len", type=_length, default=256, help="output tokens per request")
     p.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (>= 0)")
     p.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (variable lengths)")
     p.add_argument("--prompt-file", type=Path, help="prompts, one per line or JSONL with a prompt field")
@@ -230,11 +203,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--label", default="", help="sweep label, e.g. base or spec")
     p.add_argument("--out", type=Path, help="append one JSONL record per level here")
-    p.add_argument("--request-timeout", type=_positive_float, default=600.0, help="seconds per request")
-    p.add_argument("--level-timeout", type=_positive_float, default=3600.0, help="seconds per level")
+    p.add_argument("--request-timeout", type=_timeout, default=600.0, help="seconds per request")
+    p.add_argument("--level-timeout", type=_timeout, default=3600.0, help="seconds per level")
     p.add_argument(
         "--info-timeout",
-        type=_positive_float,
+        type=_timeout,
         default=30.0,
         help="seconds for each request outside the levels (/get_server_info, /v1/models), connect to last byte",
     )
@@ -284,7 +257,7 @@ def handle(args: argparse.Namespace) -> int:
             dataset = load_dataset(args.dataset, args.dataset_format, args.category or ())
             prompts = [p.text for p in dataset.sample(len(dataset.prompts), args.seed)]
     except ValueError as exc:  # DatasetError is a ValueError
-        print(f"sm120check bench: {exc}", file=sys.stderr)
+        print(f"sm120check bench: {terminal_text(exc)}", file=sys.stderr)
         return Exit.USAGE
     if args.warmup < 0:
         print(f"sm120check bench: --warmup {args.warmup} must be 0 or more", file=sys.stderr)
@@ -304,13 +277,13 @@ def handle(args: argparse.Namespace) -> int:
     try:
         asyncio.run(_sweep(args, endpoint, levels, prompts, api_key, summaries))
     except HttpError as exc:
-        print(f"sm120check bench: {exc}\n  is the server up? check {endpoint}/health", file=sys.stderr)
+        print(f"sm120check bench: {terminal_text(exc)}\n  is the server up? check {endpoint}/health", file=sys.stderr)
         code = Exit.FOUND
     except ApiMismatch as exc:
-        print(f"sm120check bench: {exc}; nothing was sent to the server", file=sys.stderr)
+        print(f"sm120check bench: {terminal_text(exc)}; nothing was sent to the server", file=sys.stderr)
         return Exit.USAGE
     except SweepError as exc:
-        print(f"sm120check bench: {exc}", file=sys.stderr)
+        print(f"sm120check bench: {terminal_text(exc)}", file=sys.stderr)
         code, kept = Exit.FOUND, kept and exc.records_kept
     if code and summaries:
         kept_where = f"; their records are in {args.out}" if kept else ""
@@ -325,7 +298,16 @@ def handle(args: argparse.Namespace) -> int:
     failed = sum(s.errors for s in summaries)
     if failed:
         print(f"sm120check bench: {failed} requests failed; see error_samples in the records", file=sys.stderr)
-    return Exit.FOUND if failed or code else Exit.OK
+    empty = [s for s in summaries if NO_NUMBERS in s.flags]
+    if empty and not failed:  # a record without a measurement is no success
+        levels_named = ", ".join(
+            f"rate {s.request_rate}/s" if s.mode == "open" else f"C={s.concurrency}" for s in empty
+        )
+        print(
+            f"sm120check bench: {levels_named}: no measured request could be counted; see the warnings in the records",
+            file=sys.stderr,
+        )
+    return Exit.FOUND if failed or code or empty else Exit.OK
 
 
 def _out_problem(path: Path) -> str:
@@ -361,9 +343,9 @@ async def _sweep(
     pause: float = getattr(args, "pause", 1.0)
     reuse: bool = getattr(args, "allow_prompt_reuse", False)
 
-    def say(line: str) -> None:
+    def say(line: str) -> None:  # warnings carry the server's text: made inert for the terminal
         if not args.quiet:
-            print(line, file=sys.stderr, flush=True)
+            print(terminal_text(line, one_line=True), file=sys.stderr, flush=True)
 
     facts = await discover(endpoint, headers, info_timeout, await fetch_server_info(endpoint, headers, info_timeout))
     _check_api(api, facts, endpoint, bool(args.model))

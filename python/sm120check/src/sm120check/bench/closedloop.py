@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from sm120check.bench.apis import PATHS, Api, RequestSpec, StreamFormatError, StreamTally, build_body
 from sm120check.bench.http import Connection, Endpoint, HttpError
 from sm120check.bench.percentiles import Dist
-from sm120check.bench.records import LevelSummary, RequestRow
+from sm120check.bench.records import MAX_ACCEPT_LENGTH, LevelSummary, RequestRow
 from sm120check.bench.wire import SseDecoder, WireError
 
 _MAX_ERROR_SAMPLES = 5
@@ -254,6 +254,9 @@ async def run_level(
     return state.records, state.t0, state.t1, timed_out
 
 
+NO_NUMBERS = "no_numbers"  # the flag of a level where no measured request can be counted
+
+
 def summarize(
     concurrency: int,
     records: Sequence[RequestRecord],
@@ -281,10 +284,19 @@ def summarize(
     if timed_out:
         warnings.append("the level hit --level-timeout; its numbers cover what finished")
     if all_failed:
-        warnings.append(
-            f"every measured request at C={concurrency} failed ({len(errors)} of {len(measured)}; first error: "
-            f"{(errors[0].error if errors else 'none')[:200]}); the level has no numbers"
-        )
+        flags.append(NO_NUMBERS)
+        untrusted = sum(1 for r in measured if r.anomalies and not r.error)
+        if not errors:  # none failed: the server's token counts could not be believed
+            warnings.append(
+                f"no measured request at C={concurrency} can be trusted ({untrusted} of {len(measured)} reported "
+                "token counts that cannot be true); the level has no numbers"
+            )
+        else:
+            distrust = f", {untrusted} reported token counts that cannot be true" if untrusted else ""
+            warnings.append(
+                f"every measured request at C={concurrency} failed or cannot be trusted ({len(errors)} of "
+                f"{len(measured)} failed{distrust}; first error: {errors[0].error[:200]}); the level has no numbers"
+            )
     if window_valid:
         assert t0 is not None and t1 is not None
         lo, hi = t0, t1
@@ -333,6 +345,13 @@ def summarize(
         )
     # cut requests' counts so far are consistent pairs (SGLang: tokens and spec_verify_ct of the same event)
     accept, accept_source = _accept_length([*steady, *(r for r in records if r.cut and not r.warmup)])
+    if accept is not None and accept > MAX_ACCEPT_LENGTH:  # a record crossover would refuse: not recorded
+        warnings.append(
+            f"the server's counts give {accept:.6g} accepted tokens per verify step at C={concurrency}, above "
+            f"{MAX_ACCEPT_LENGTH:g}: they cannot be true; the accept length is left out"
+        )
+        flags.append("untrusted_server_accept_length")
+        accept, accept_source = None, ""
     sources = sorted({r.token_source for r in ok if r.token_source})
     samples: list[str] = []
     for r in errors:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 import tempfile
 from pathlib import Path
 
+from sm120check import argtypes
 from sm120check.bench.crossover import METRICS, X_AXES, Analysis, analyze, analyze_mode
 from sm120check.bench.crossover_report import render_json, render_text
 from sm120check.bench.plot import PlotUnavailable, write_png
@@ -36,7 +36,9 @@ from sm120check.bench.policy import (
     vllm_file,
 )
 from sm120check.bench.records import RecordError, read_jsonl
+from sm120check.console import write_stdout
 from sm120check.exitcodes import Exit
+from sm120check.safetext import terminal_text
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--hysteresis", type=_hysteresis, default=0.15, help="router band around the crossover, a fraction in [0, 1)"
     )
-    p.add_argument("--max-batch", type=_steps, default=1024, help="largest batch size the vLLM table covers")
+    p.add_argument("--max-batch", type=_max_batch, default=1024, help="largest batch size the vLLM table covers")
     p.add_argument(
         "--draft-model",
         metavar="PATH",
@@ -81,20 +83,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=handle)
 
 
-def _steps(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1")
-    return int(text)
-
-
-def _hysteresis(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a fraction in [0, 1) (0.15 = a band of +-15%)")
-    return value
+_steps = argtypes.whole(1, 64, unit="of draft steps")
+_max_batch = argtypes.whole(1, 1 << 16, unit="of requests")
+_hysteresis = argtypes.real(0, 1, high_open=True, hint="a fraction: 0.15 = a band of +-15%")
 
 
 def _writable_dir_problem(directory: Path) -> str:
@@ -150,14 +141,19 @@ def handle(args: argparse.Namespace) -> int:
         try:
             mode = analyze_mode(read_jsonl(args.base), read_jsonl(args.spec), names, x_axis, metric)
         except RecordError as exc:
-            print(f"sm120check crossover: {exc}", file=sys.stderr)
+            print(f"sm120check crossover: {terminal_text(exc)}", file=sys.stderr)
             return Exit.USAGE
-        print(json.dumps(mode.to_json(), indent=2) if args.format == "json" else mode.render_text(names))
+        if problem := write_stdout(
+            (json.dumps(mode.to_json(), indent=2) if args.format == "json" else terminal_text(mode.render_text(names)))
+            + "\n"
+        ):
+            print(f"sm120check crossover: {problem}", file=sys.stderr)
+            return Exit.USAGE
         return Exit.OK
     try:
         analysis = analyze(read_jsonl(args.base), read_jsonl(args.spec), names)
     except RecordError as exc:
-        print(f"sm120check crossover: {exc}", file=sys.stderr)
+        print(f"sm120check crossover: {terminal_text(exc)}", file=sys.stderr)
         return Exit.USAGE
     policies: Policies | None = None
     reason = ""
@@ -172,9 +168,15 @@ def handle(args: argparse.Namespace) -> int:
         )
     except PolicyError as exc:
         reason = str(exc).removeprefix("no policy: ")
-    render = render_json if args.format == "json" else render_text
-    print(render(analysis, names, policies, reason))
+
     status = Exit.OK
+    if args.format == "json":
+        text = render_json(analysis, names, policies, reason)
+    else:
+        text = terminal_text(render_text(analysis, names, policies, reason))  # the records' text made inert
+    if problem := write_stdout(text + "\n"):  # a reader gone is no error
+        print(f"sm120check crossover: {problem}", file=sys.stderr)
+        status = Exit.USAGE
     if args.write_policies:
         status = max(status, _write_policies(args.write_policies, policies, reason, analysis.crossover.value))
     if args.png:
@@ -203,7 +205,10 @@ def _write_png(analysis: Analysis, png: Path, names: tuple[str, str]) -> Exit:
     try:
         write_png(analysis, png, names)
     except PlotUnavailable as exc:
-        print(f"sm120check crossover: {exc}; everything else was done, only the plot is missing", file=sys.stderr)
+        print(
+            f"sm120check crossover: {terminal_text(exc)}; everything else was done, only the plot is missing",
+            file=sys.stderr,
+        )
         return Exit.USAGE
     except OSError as exc:
         print(f"sm120check crossover: --png {png}: {exc.strerror or exc}", file=sys.stderr)

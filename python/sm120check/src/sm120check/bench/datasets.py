@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sm120check import bounded
+
 MAX_DATASET_BYTES = 1 << 30  # ShareGPT_V3_unfiltered_cleaned_split.json is about 0.67 GB
 MAX_PROMPT_CHARS = 1 << 20
 FORMATS = ("auto", "sharegpt", "speed-bench")
@@ -108,13 +110,14 @@ def load_dataset(
     """Read and check a dataset file; raises DatasetError naming file:line and the fix."""
     if fmt not in FORMATS:
         raise DatasetError(f"--dataset-format {fmt!r}: give one of {', '.join(FORMATS)}")
-    raw = _read_bounded(path, max_bytes)
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise DatasetError(f"{path}:{line}: not UTF-8 text ({exc.reason}); convert the file to UTF-8") from None
-    text = text.removeprefix("\ufeff")
+        text = bounded.read_text(path, max_bytes)
+    except bounded.TooLarge as exc:
+        raise DatasetError(f"--dataset {exc}, read into memory; use a subset of it (e.g. the first entries)") from None
+    except bounded.NotText as exc:
+        raise DatasetError(f"--dataset {exc}") from None
+    except bounded.Unreadable as exc:
+        raise DatasetError(f"--dataset {exc}; give the JSON or JSONL file") from None
     if fmt == "auto":
         head = text.lstrip()[:1]
         if head == "[":
@@ -130,22 +133,6 @@ def load_dataset(
     if not dataset.prompts:
         raise DatasetError(f"{path} holds no usable prompt ({dataset.skipped} entries without one); check the format")
     return dataset.select(tuple(categories))
-
-
-def _read_bounded(path: Path, max_bytes: int) -> bytes:
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(max_bytes + 1)
-    except IsADirectoryError:
-        raise DatasetError(f"--dataset {path}: is a directory; give the JSON or JSONL file") from None
-    except OSError as exc:
-        raise DatasetError(f"--dataset {path}: {exc.strerror or exc}") from None
-    if len(raw) > max_bytes:
-        raise DatasetError(
-            f"--dataset {path}: larger than {max_bytes} bytes, the bound on a dataset read into memory; use a "
-            "subset of it (e.g. the first entries)"
-        )
-    return raw
 
 
 def _check_prompt(text: object, where: str, field: str) -> str:

@@ -13,6 +13,11 @@ import json
 import random
 from pathlib import Path
 
+from sm120check import bounded
+from sm120check.bench.datasets import MAX_DATASET_BYTES
+
+MAX_PROMPT_FILE_BYTES = MAX_DATASET_BYTES  # the same bound as --dataset: both are read into memory whole
+
 _PASSAGE = str.split(
     "The operators of a small inference cluster keep a notebook of every change they make to the serving stack. "
     "Each entry records the driver, the toolkit, the library versions and the measured throughput before and after. "
@@ -40,12 +45,16 @@ def unique_prompt(body: str, run_id: str, level: int, index: int) -> str:
     return f"[#{index} C{level} {run_id}] {body}"
 
 
-def load_prompt_file(path: Path) -> list[str]:
-    """One prompt per line; JSONL lines may be {"prompt": ...} or {"text": ...}."""
+def load_prompt_file(path: Path, max_bytes: int = MAX_PROMPT_FILE_BYTES) -> list[str]:
+    """One prompt per line; JSONL lines may be {"prompt": ...} or {"text": ...}. Bounded like --dataset."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ValueError(f"--prompt-file {path}: {exc.strerror or exc}") from None
+        lines = bounded.read_text(path, max_bytes).splitlines()
+    except bounded.TooLarge as exc:
+        raise ValueError(f"--prompt-file {exc}, read into memory; use a subset of its lines") from None
+    except bounded.NotText as exc:
+        raise ValueError(f"--prompt-file {exc}") from None
+    except bounded.Unreadable as exc:
+        raise ValueError(f"--prompt-file {exc}; give a text file, one prompt per line") from None
     prompts: list[str] = []
     for number, line in enumerate(lines, start=1):
         line = line.strip()

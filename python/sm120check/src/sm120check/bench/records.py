@@ -8,10 +8,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sm120check import bounded
 from sm120check.bench.goodput import Goodput, GoodputError
 from sm120check.bench.percentiles import Dist
 
 SCHEMA = "sm120check.bench/1"
+MAX_JSONL_BYTES = 256 << 20  # a level's record is at most a few MiB (one row per request)
 _OPTIONAL_FLOATS = ("throughput_halves_rel_diff", "window_lifetimes", "cached_prompt_fraction")
 _DISTS = ("per_request_tok_s", "ttft_s", "itl_s", "tpot_s", "e2e_s", "client_wait_s", "server_lag_s")
 
@@ -63,7 +65,7 @@ class RequestRow:
             prompt_tokens=_opt_int(data, "prompt_tokens", where),
             cached_prompt_tokens=_opt_int(data, "cached_prompt_tokens", where),
             ttft_s=_opt_float(data, "ttft_s", where),
-            accept_length=_opt_float(data, "accept_length", where),
+            accept_length=None if data.get("accept_length") is None else _accept_field(data, where),
             warmup=_bool_field(data, "warmup", where),
             in_window=_bool_field(data, "in_window", where),
             cut=_bool_field(data, "cut", where),
@@ -192,12 +194,7 @@ class LevelSummary:
                 raise RecordError(str(exc)) from None
         accept: float | None = None
         if data.get("accept_length") is not None:
-            accept = _float_field(data, "accept_length", where, 0.0)
-            if accept < 0:
-                raise RecordError(
-                    f"{where}: field 'accept_length' is {accept:g}: accepted tokens per verify step cannot be "
-                    "negative (the server reported a count that cannot be true); remove or fix the record"
-                )
+            accept = _accept_field(data, where)
         window_valid = data.get("window_valid", True)
         if not isinstance(window_valid, bool):
             raise RecordError(f"{where}: field 'window_valid' must be true or false, not {window_valid!r:.60}")
@@ -248,6 +245,19 @@ def _float_field(data: Mapping[str, object], key: str, where: str, default: floa
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise RecordError(f"{where}: field {key!r} must be a finite number, not {value!r:.60}")
     return float(value)
+
+
+MAX_ACCEPT_LENGTH = 64.0  # tokens per verify step: one more than the draft tokens, and no drafter proposes 64
+
+
+def _accept_field(data: Mapping[str, object], where: str) -> float:
+    accept = _float_field(data, "accept_length", where, 0.0)
+    if not 0 <= accept <= MAX_ACCEPT_LENGTH:
+        raise RecordError(
+            f"{where}: field 'accept_length' is {accept:.6g}: accepted tokens per verify step are between 0 and "
+            f"{MAX_ACCEPT_LENGTH:g} (the server reported a count that cannot be true); remove or fix the record"
+        )
+    return accept
 
 
 def _opt_int(data: Mapping[str, object], key: str, where: str) -> int | None:
@@ -344,9 +354,13 @@ def append_jsonl(path: Path, summaries: Iterable[LevelSummary]) -> None:
 def read_jsonl(path: Path) -> list[LevelSummary]:
     """Every bench record in a JSONL file; raises RecordError naming the file and line for bad input."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RecordError(f"cannot read {path}: {exc.strerror or exc}") from None
+        text = bounded.read_text(path, MAX_JSONL_BYTES)
+    except bounded.TooLarge as exc:
+        raise RecordError(f"{exc} (a level's record is at most a few MiB); give the JSONL file of one sweep") from None
+    except bounded.NotText as exc:
+        raise RecordError(str(exc)) from None
+    except bounded.Unreadable as exc:
+        raise RecordError(f"cannot read {exc}; give the JSONL file `sm120check bench --out` wrote") from None
     records: list[LevelSummary] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

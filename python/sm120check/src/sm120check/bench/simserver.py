@@ -43,6 +43,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sm120check import argtypes
+
 _WRITE_HIGH_WATER = 256 * 1024
 
 
@@ -556,27 +558,39 @@ def _respond(writer: asyncio.StreamWriter, status: int, body: object, content_ty
     )
 
 
+_ms = argtypes.real(0, 60_000, unit="of milliseconds")  # a step's modelled cost, finite (argtypes.py)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sm120check.bench.simserver", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("plain", "spec"), default="plain")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
-    parser.add_argument("--a-ms", type=float, default=10.0, help="plain step fixed cost (ms)")
-    parser.add_argument("--b-ms", type=float, default=0.4, help="plain step cost per running request (ms)")
-    parser.add_argument("--c-ms", type=float, default=13.0, help="verify step fixed cost (ms)")
-    parser.add_argument("--d-ms", type=float, default=1.2, help="verify step cost per running request (ms)")
-    parser.add_argument("--tau", type=float, default=2.0, help="mean accepted tokens per verify step")
-    parser.add_argument("--max-batch", type=int, default=4096)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--admit-grace-ms", type=float, default=3.0, help="batch forms this long into each step")
     parser.add_argument(
-        "--start-batch", type=int, default=1, help="first step waits until this many requests are in flight"
+        "--port", type=argtypes.whole(0, 65535), default=0, help="0 picks a free port (printed on stdout)"
+    )
+    parser.add_argument("--a-ms", type=_ms, default=10.0, help="plain step fixed cost (ms)")
+    parser.add_argument("--b-ms", type=_ms, default=0.4, help="plain step cost per running request (ms)")
+    parser.add_argument("--c-ms", type=_ms, default=13.0, help="verify step fixed cost (ms)")
+    parser.add_argument("--d-ms", type=_ms, default=1.2, help="verify step cost per running request (ms)")
+    parser.add_argument("--tau", type=argtypes.real(1, 64), default=2.0, help="mean accepted tokens per verify step")
+    parser.add_argument("--max-batch", type=argtypes.whole(1, 1 << 16), default=4096)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--admit-grace-ms", type=_ms, default=3.0, help="batch forms this long into each step")
+    parser.add_argument(
+        "--start-batch",
+        type=argtypes.whole(1, 1 << 16),
+        default=1,
+        help="first step waits until this many requests are in flight",
     )
     parser.add_argument(
         "--flavour", choices=FLAVOURS, default="sglang", help="llamacpp: a stand-in with llama.cpp's event shapes"
     )
-    parser.add_argument("--num-steps", type=int, default=3, help="draft tokens per verify step (reported)")
+    parser.add_argument(
+        "--num-steps", type=argtypes.whole(1, 64), default=3, help="draft tokens per verify step (reported)"
+    )
     parser.add_argument("--no-metrics", action="store_true", help="llamacpp flavour: /metrics answers 501")
-    parser.add_argument("--max-seconds", type=float, default=3600.0, help="exit after this long (a bound, not a hang)")
+    parser.add_argument(
+        "--max-seconds", type=argtypes.seconds, default=3600.0, help="exit after this long (a bound, not a hang)"
+    )
     args = parser.parse_args(argv)
     try:
         model = SimModel(

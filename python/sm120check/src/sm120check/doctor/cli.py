@@ -17,27 +17,17 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sm120check import __version__, manifest
+from sm120check import __version__, argtypes, console, manifest
 from sm120check.doctor import child, facts
 from sm120check.doctor.model import Context
 from sm120check.exitcodes import Exit
+from sm120check.safetext import terminal_text
 
 if TYPE_CHECKING:
     from sm120check.doctor.model import Check
 
 # The check catalogue, the runner and the report writers are imported in `main`, after the torch probe (the slowest
 # child of a level-2 run) has started: their import (a fifth of a second) then overlaps with it.
-
-
-def seconds(text: str) -> float:
-    """A finite, positive number of seconds (argparse type): nan, inf, 0 and negatives are usage errors."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a finite, positive number of seconds")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -68,11 +58,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=Path,
         help=f"node manifest (default ${manifest.ENV_VAR} or {manifest.DEFAULT_PATH})",
     )
-    parser.add_argument("--timeout", metavar="S", type=seconds, default=120.0, help="hard limit per GPU child process")
+    parser.add_argument(
+        "--timeout", metavar="S", type=argtypes.seconds, default=120.0, help="hard limit per GPU child process"
+    )
     parser.add_argument(
         "--jit-timeout",
         metavar="S",
-        type=seconds,
+        type=argtypes.seconds,
         default=None,
         help="hard limit for a check that must JIT-compile first (FlashInfer's comm module: minutes cold; default 900)",
     )
@@ -85,7 +77,7 @@ def _ids(text: str) -> list[str]:
 
 
 def _usage(message: str) -> int:
-    print(f"sm120check doctor: error: {message}", file=sys.stderr)
+    print(f"sm120check doctor: error: {terminal_text(message)}", file=sys.stderr)
     return Exit.USAGE
 
 
@@ -248,7 +240,7 @@ def _run(
     except OSError as exc:
         print(f"sm120check doctor: cannot write report {exc.filename}: {exc.strerror}", file=sys.stderr)
         code = Exit.USAGE
-    if problem := report.write_stdout(report.to_json(results, info) if args.json else report.table(results, info)):
+    if problem := console.write_stdout(report.to_json(results, info) if args.json else report.table(results, info)):
         print(f"sm120check doctor: {problem}", file=sys.stderr)
     if signum:
         for stream in (sys.stdout, sys.stderr):

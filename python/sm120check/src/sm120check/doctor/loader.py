@@ -8,10 +8,12 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from sm120check import bounded
 from sm120check.doctor import child
 
 # Library families the ABI checks follow: name stem -> what it is.
 TRACKED = ("libnvrtc", "libcudart", "libnccl", "libcuda")
+MAPS_BYTES = 64 << 20  # /proc/self/maps of a process with torch loaded is about 1 MiB
 
 _LDCONFIG_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
 
@@ -115,6 +117,6 @@ def dlopen_path(lib: ctypes.CDLL) -> str:
 
 def self_maps(stems: Iterable[str] = TRACKED) -> dict[str, list[str]]:
     try:
-        return parse_maps(Path("/proc/self/maps").read_text(encoding="utf-8", errors="replace"), stems)
-    except OSError:
+        return parse_maps(bounded.read_text(Path("/proc/self/maps"), MAPS_BYTES, lenient=True), stems)
+    except bounded.Unreadable:
         return {}

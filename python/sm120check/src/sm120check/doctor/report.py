@@ -6,7 +6,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from sm120check.doctor import document
 from sm120check.doctor.model import Result, Status
-from sm120check.safetext import xml_text
+from sm120check.safetext import terminal_text, xml_text
 
 JSON_SCHEMA = document.JSON_SCHEMA  # bump it there: a field changes meaning or disappears (adding one keeps it)
 
@@ -54,14 +53,17 @@ def tally_line(results: Sequence[Result], seconds: float) -> str:
 def table(results: Sequence[Result], info: RunInfo) -> str:
     """The human report: one row per check, evidence and remedy under every row that did not pass."""
     width = max([len(r.id) for r in results] + [5])
-    lines = [f"sm120check {info.version} doctor on {info.host} (level <= {info.level})"]
+    # Summaries, details and the host name carry text from outside (an Xid's process name is any user's pick):
+    # each line goes through terminal_text, so no escape sequence reaches the terminal and no value adds a row.
+    lines = [f"sm120check {info.version} doctor on {terminal_text(info.host, one_line=True)} (level <= {info.level})"]
     lines.append(f"{'CHECK'.ljust(width)}  STATUS  SUMMARY")
     for result in results:
-        lines.append(f"{result.id.ljust(width)}  {result.status.value.upper():<6}  {result.summary}")
+        summary = terminal_text(result.summary, one_line=True)
+        lines.append(f"{result.id.ljust(width)}  {result.status.value.upper():<6}  {summary}")
         if result.status is not Status.PASS:
             for text, label in ((result.details, "details"), (result.remedy, "remedy")):
                 if text:
-                    body = text.strip().splitlines()
+                    body = [terminal_text(line, one_line=True) for line in text.strip().splitlines()]
                     pad = " " * (width + 10)
                     lines.append(f"{pad}{label}: {body[0]}")
                     lines.extend(f"{pad}  {more}" for more in body[1:])
@@ -233,30 +235,3 @@ def write_file(path: Path, text: str) -> None:
             with contextlib.suppress(OSError):
                 tmp.unlink()
         raise OSError(exc.errno, exc.strerror, str(path)) from None
-
-
-def write_stdout(text: str) -> str:
-    """Print the report; "" when done or when the reader is gone (a closed pipe is harmless: the files are written),
-    else why stdout could not take it (closed, full). Never raises."""
-    stream = sys.stdout
-    if stream is None:
-        return "stdout is closed"
-    try:
-        stream.write(text)
-        stream.flush()
-    except BrokenPipeError:
-        _silence_stdout()
-        return ""
-    except (OSError, ValueError) as exc:
-        _silence_stdout()
-        return f"cannot write to stdout: {getattr(exc, 'strerror', None) or exc}"
-    return ""
-
-
-def _silence_stdout() -> None:
-    """Point stdout's descriptor at /dev/null, so the interpreter's last flush does not fail again (which would
-    print a traceback and exit 120)."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)

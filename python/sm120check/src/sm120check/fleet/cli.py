@@ -11,11 +11,16 @@ import json
 import sys
 from pathlib import Path
 
-from sm120check.doctor.report import write_file, write_stdout
+from sm120check import bounded
+from sm120check.console import write_stdout
+from sm120check.doctor.report import write_file
 from sm120check.exitcodes import Exit
 from sm120check.fleet import collect, diff, outliers, render
 from sm120check.fleet.load import FleetInputError, load
 from sm120check.fleet.model import Fleet
+from sm120check.safetext import terminal_text
+
+MAX_RESULTS_BYTES = 256 << 20  # every node's registered doctor result (a node's report is bounded at 16 MiB)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -83,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _error(message: str) -> int:
-    print(f"sm120check fleet: error: {message}", file=sys.stderr)
+    print(f"sm120check fleet: error: {terminal_text(message)}", file=sys.stderr)
     return Exit.USAGE
 
 
@@ -120,10 +125,17 @@ def run_report(args: argparse.Namespace) -> int:
 def run_collect(args: argparse.Namespace) -> int:
     source = "stdin" if args.results == "-" else args.results
     try:
-        text = sys.stdin.read() if args.results == "-" else Path(args.results).read_text(encoding="utf-8")
+        if args.results == "-":
+            binary = getattr(sys.stdin, "buffer", None)  # a text stream stands in for stdin in tests
+            raw = binary.read(MAX_RESULTS_BYTES + 1) if binary else sys.stdin.read(MAX_RESULTS_BYTES + 1).encode()
+            if len(raw) > MAX_RESULTS_BYTES:
+                raise bounded.TooLarge(f"stdin: larger than {bounded.size_text(MAX_RESULTS_BYTES)}")
+            text = bounded.decode(raw, "stdin")
+        else:
+            text = bounded.read_text(Path(args.results), MAX_RESULTS_BYTES)
         results = json.loads(text)
-    except OSError as error:
-        return _error(f"cannot read the results {source}: {error.strerror}")
+    except bounded.Unreadable as error:
+        return _error(f"cannot read the results: {error}")
     except json.JSONDecodeError as error:
         return _error(f"the results from {source} are not JSON ({error}); pass {{host: registered result}}")
     except RecursionError:

@@ -8,14 +8,12 @@ The node's name is the file's name without `.json` (the inventory name, which ma
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
+from sm120check import bounded
 from sm120check.doctor.document import DoctorReport
 from sm120check.doctor.payloads import PayloadError
 from sm120check.fleet.model import STUB_STATES, CheckResult, Fleet, NodeReport, NodeState, build_fleet
@@ -132,6 +130,7 @@ def _node_from_document(host: str, document: object, source: str) -> NodeReport:
         source=source,
         figures=measured.figures,
         ignored=measured.ignored,
+        reported_host=report.host if report.host and report.host != host else "",
     )
 
 
@@ -152,24 +151,12 @@ def read_node(path: Path, follow: bool = True) -> NodeReport:
     """One node file; unreadable, oversized, too deep or non-JSON content makes an ERROR node naming the file.
     With follow=False (the files of a run directory) a symbolic link is that node's error, never followed."""
     host = path.name.removesuffix(".json")
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
     try:
-        if not follow and path.is_symlink():
-            raise OSError(errno.ELOOP, "it is a symbolic link, not followed in a run directory")
-        descriptor = os.open(path, flags)
-        with os.fdopen(descriptor, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise OSError(errno.EINVAL, "not a regular file")
-            raw = handle.read(MAX_NODE_BYTES + 1)
-    except OSError as error:
-        why = error.strerror or str(error)
-        if error.errno == errno.ELOOP and not follow:
-            why = "it is a symbolic link, not followed in a run directory"
-        return NodeReport(host, NodeState.ERROR, error=f"cannot read {path}: {why}", source=str(path))
-    try:
-        if len(raw) > MAX_NODE_BYTES:
-            raise NodeDocumentError(f"node report is larger than {MAX_NODE_BYTES >> 20} MiB")
-        document = parse_document(raw.decode("utf-8", errors="replace"))
+        if not follow and path.is_symlink():  # refused before the open, for every kind of link
+            raise bounded.Unreadable(f"{path}: is a symbolic link, not followed in a run directory")
+        document = parse_document(bounded.read_text(path, MAX_NODE_BYTES, follow))
+    except bounded.Unreadable as error:
+        return NodeReport(host, NodeState.ERROR, error=f"cannot read {error}", source=str(path))
     except NodeDocumentError as error:
         return NodeReport(host, NodeState.ERROR, error=f"{path}: {error}", source=str(path))
     return node_from_document(host, document, str(path))
@@ -205,9 +192,8 @@ def _is_aggregate(path: Path) -> bool:
     if path.name != AGGREGATE_NAME:
         return False
     try:
-        with path.open("rb") as handle:
-            document = parse_document(handle.read(MAX_NODE_BYTES + 1).decode("utf-8", errors="replace"))
-    except (OSError, NodeDocumentError):
+        document = parse_document(bounded.read_text(path, MAX_NODE_BYTES))
+    except (bounded.Unreadable, NodeDocumentError):
         return False
     return isinstance(document, dict) and document.get("tool") == AGGREGATE_TOOL and "nodes" in document
 

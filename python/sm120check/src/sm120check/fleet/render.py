@@ -160,9 +160,21 @@ def table(fleet: Fleet) -> str:
             lines.append(f"  {result.status.upper()} {_tty(result.id)}: {_tty(result.summary)}")
             if result.remedy:
                 lines.append(f"       remedy: {_tty(result.remedy)}")
+    misnamed = [n for n in fleet.nodes if n.reported_host]
+    if misnamed:
+        lines += ["", "Node files whose report names another host:"]
+        lines += [f"  {hosts[n.host]}: {_tty(misnamed_note(n))}" for n in misnamed]
     if _has_figures(fleet):
         lines += _outlier_table(fleet)
     return "\n".join(lines) + "\n"
+
+
+def misnamed_note(node: NodeReport) -> str:
+    """Why a node's file name and its report's host disagree, and what to do."""
+    return (
+        f"{node.source or node.host} holds the report of host {node.reported_host!r}; if that is not this node, "
+        "the file was copied or renamed: run the fleet play again (it names each file after its host)"
+    )
 
 
 # Markdown: text from node files is data, never markup. Plain text is HTML-escaped (`<`, `>`, `&`) and its Markdown
@@ -281,6 +293,7 @@ def _node_dict(node: NodeReport) -> dict[str, object]:
             for r in node.problems()
         ],
         "source": node.source or None,
+        "reported_host": node.reported_host or None,
     }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gzip
 import hashlib
 import io
 import json
@@ -32,12 +33,14 @@ import socket
 import tarfile
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, TypeGuard
 
+from sm120check import bounded
 from sm120check.jitcache import layout
 from sm120check.jitcache.key import BuildContext, CacheKey, KeyProblem
 from sm120check.jitcache.layout import module_dir
@@ -64,6 +67,7 @@ MAX_TOTAL_BYTES = 64 << 30
 MAX_PATH_CHARS = 1024
 MAX_TEXT_CHARS = 4096
 MAX_PROBLEMS = 200
+MAX_TRAILER_BYTES = 1 << 20  # after the last member: the end-of-archive blocks and record padding (10 KiB)
 _MTIME_MAX = (1 << 63) - 1
 
 
@@ -365,14 +369,34 @@ def _refused(source: str, problems: Sequence[str]) -> str:
 @contextmanager
 def _open(bundle: Path) -> Iterator[tarfile.TarFile]:
     """The bundle as a stream: read once, front to back (the manifest, then the members it lists)."""
+    # gzip.GzipFile, not tarfile's own "r|gz": it checks the stream's CRC and length at its end (_check_whole).
     try:
-        tar = tarfile.open(bundle, "r|gz")  # noqa: SIM115 (closed by the with below)
+        raw = gzip.open(bundle, "rb")  # noqa: SIM115 (closed by the with below)
     except FileNotFoundError:
         raise BundleError(f"{bundle} does not exist") from None
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise BundleError(f"{bundle} is not a readable gzip'd tar ({exc}): copy it again") from None
-    with tar:
-        yield tar
+    except OSError as exc:
+        raise BundleError(f"{bundle} cannot be read ({exc.strerror or exc})") from None
+    with raw:
+        try:
+            tar = tarfile.open(fileobj=raw, mode="r|")  # noqa: SIM115 (closed by the with below)
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            raise BundleError(f"{bundle} is not a readable gzip'd tar ({exc}): copy it again") from None
+        with tar:
+            yield tar
+
+
+def _check_whole(tar: tarfile.TarFile) -> str:
+    """Read the stream past the archive's last member to its end, where gzip checks its CRC and length: a copy with
+    its trailer cut passes every member's sha256 yet is damaged. "" when whole, else the problem."""
+    left = MAX_TRAILER_BYTES
+    try:
+        while tar.fileobj is not None and (chunk := tar.fileobj.read(min(_CHUNK, left + 1))):
+            left -= len(chunk)
+            if left < 0:
+                return f"the bundle holds more than {MAX_TRAILER_BYTES} bytes after its last file: copy it again"
+    except (OSError, EOFError, zlib.error) as exc:
+        return f"the bundle's gzip stream ends early or is damaged ({exc}), though every file's sha256 matched: copy it"
+    return ""
 
 
 def _read_manifest(tar: tarfile.TarFile, bundle: Path) -> BundleManifest:
@@ -509,6 +533,8 @@ def _extract_verified(
         problems.extend(
             f"{path}: listed in the manifest but missing from the bundle" for path in sorted(set(wanted) - seen)
         )
+    if not problems and (damaged := _check_whole(tar)):
+        problems.append(damaged)
     return problems
 
 
@@ -703,7 +729,7 @@ def write_stamp(directory: Path, key: CacheKey, module: str, seconds: float) -> 
 
 def read_stamp(directory: Path) -> dict[str, Any]:
     try:
-        raw = json.loads((directory / STAMP_NAME).read_text())
-    except (OSError, json.JSONDecodeError):
+        raw = json.loads(bounded.read_text(directory / STAMP_NAME, MAX_MANIFEST_BYTES))
+    except (bounded.Unreadable, json.JSONDecodeError, RecursionError):
         return {}
     return raw if isinstance(raw, dict) else {}

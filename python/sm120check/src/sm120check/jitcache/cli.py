@@ -28,6 +28,7 @@ from sm120check.jitcache import modules as jit_modules
 from sm120check.jitcache.key import KEY_FIELDS, CacheKey, KeyProblem, compute
 from sm120check.jitcache.layout import ARCH_LIST_ENV
 from sm120check.jitcache.ninja import dry_run, find_ninja
+from sm120check.safetext import terminal_text
 
 
 class Terminated(BaseException):
@@ -120,7 +121,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _emit(ns: argparse.Namespace, data: dict[str, Any], text: str) -> None:
-    print(json.dumps(data, sort_keys=True) if ns.json else text, flush=True)
+    print(json.dumps(data, sort_keys=True) if ns.json else terminal_text(text), flush=True)
 
 
 def _env(ns: argparse.Namespace) -> dict[str, str]:
@@ -215,7 +216,7 @@ def run(ns: argparse.Namespace) -> int:
     try:
         key, context = _this_key(ns) if not getattr(ns, "no_key_check", False) else (None, {})
     except KeyProblem as exc:
-        print(f"sm120check jit: {exc}", file=sys.stderr)
+        print(f"sm120check jit: {terminal_text(exc)}", file=sys.stderr)
         return Exit.USAGE
     try:
         if getattr(ns, "modules", "") is None and key is not None:
@@ -267,12 +268,12 @@ def run(ns: argparse.Namespace) -> int:
     except bundles.BundleError as exc:
         if ns.json:
             print(json.dumps({"ok": False, "problem": str(exc)}))
-        print(f"sm120check jit: {exc}", file=sys.stderr)
+        print(f"sm120check jit: {terminal_text(exc)}", file=sys.stderr)
         return Exit.FOUND
     except (bundles.CacheProblem, OSError) as exc:
         if ns.json:
             print(json.dumps({"ok": False, "problem": str(exc)}))
-        print(f"sm120check jit: {exc}", file=sys.stderr)
+        print(f"sm120check jit: {terminal_text(exc)}", file=sys.stderr)
         return Exit.USAGE
     except Terminated:
         print(
@@ -280,7 +281,7 @@ def run(ns: argparse.Namespace) -> int:
         )
         return Exit.TERMINATED
     except ValueError as exc:
-        print(f"sm120check jit: {exc}", file=sys.stderr)
+        print(f"sm120check jit: {terminal_text(exc)}", file=sys.stderr)
         return Exit.USAGE
     return Exit.OK
 

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sm120check import bounded
+
 NO_WORK = "ninja: no work to do."
 _EXPLAIN = "ninja explain: "
 NO_NINJA = (
@@ -33,6 +35,9 @@ class NinjaVerdict:
             return "ninja has no work: loads without compiling"
         why = self.reasons[0] if self.reasons else "ninja gave no reason"
         return f"a load would run {self.commands} build command(s): {why}"
+
+
+BUILD_FILE_BYTES = 64 << 20  # a FlashInfer module's build.ninja is a few KiB
 
 
 def find_ninja(env: Mapping[str, str] | None = None) -> str | None:
@@ -58,7 +63,10 @@ def dry_run(module_dir: Path, ninja: str = "ninja", timeout: float = 60.0) -> Ni
     build_file = module_dir / "build.ninja"
     if not build_file.is_file():
         return NinjaVerdict(False, 0, (f"{build_file} is missing (never built here)",))
-    elsewhere = foreign_target(build_file)
+    try:
+        elsewhere = foreign_target(build_file)
+    except bounded.Unreadable as exc:
+        return NinjaVerdict(False, 0, (f"{exc}: not a build file ninja can use",))
     if elsewhere:
         return NinjaVerdict(
             False,
@@ -80,7 +88,7 @@ def dry_run(module_dir: Path, ninja: str = "ninja", timeout: float = 60.0) -> Ni
 
 def foreign_target(build_file: Path) -> str:
     """The default target of a FlashInfer build file when it lies outside the file's own directory, else ""."""
-    for line in build_file.read_text(errors="replace").splitlines():
+    for line in bounded.read_text(build_file, BUILD_FILE_BYTES, lenient=True).splitlines():
         if line.startswith("default "):
             target = Path(line.split(None, 1)[1].strip())
             here = build_file.parent

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from sm120check.exitcodes import Exit
+from sm120check.safetext import terminal_text
 from sm120check.sglang import launch_cli, patch, scan
 from sm120check.sglang.errors import SglangError
 from sm120check.sglang.state import describe
@@ -69,7 +70,7 @@ def _not_installed(args: argparse.Namespace) -> int:
 def _error(args: argparse.Namespace, exc: SglangError) -> int:
     if args.json:
         print(json.dumps({"error": str(exc), "changed": False}))
-    print(f"sm120check sglang: {exc}", file=sys.stderr)
+    print(f"sm120check sglang: {terminal_text(exc)}", file=sys.stderr)
     return Exit.USAGE
 
 
@@ -81,7 +82,7 @@ def run_scan(args: argparse.Namespace) -> int:
         found = _scan(tree, args)
     except SglangError as exc:
         return _error(args, exc)
-    print(json.dumps(found.to_dict(), indent=2) if args.json else scan.render(found))
+    print(json.dumps(found.to_dict(), indent=2) if args.json else terminal_text(scan.render(found)))
     return Exit.FOUND if found.needs_patch else Exit.OK
 
 
@@ -90,7 +91,8 @@ def run_patch(args: argparse.Namespace) -> int:
         tree = _target(args)
         if tree is None:
             return _not_installed(args)
-        return _revert(tree, args) if args.revert else _patch(tree, args)
+        with patch.tree_lock(tree.root):  # a second run on this tree waits for the first, bounded
+            return _revert(tree, args) if args.revert else _patch(tree, args)
     except SglangError as exc:
         return _error(args, exc)
     except BrokenPipeError:  # stdout closed by the reader: not a problem with the tree
@@ -117,13 +119,13 @@ def _emit(args: argparse.Namespace, root: Path, result: dict[str, object], chang
         return
     verb = "would change" if args.check else "changed"
     for ch in changes:
-        print(f"{verb} {ch.path}:")
+        print(terminal_text(f"{verb} {ch.path}:", one_line=True))  # file names of the tree are anyone's pick
         for note in ch.changes:
-            print(f"  - {note}")
+            print(terminal_text(f"  - {note}", one_line=True))
     if not changes:
-        print(str(result["message"]))
+        print(terminal_text(result["message"]))
     if diff:
-        print(diff, end="")
+        print(terminal_text(diff), end="")
 
 
 def _patch(tree: SourceTree, args: argparse.Namespace) -> int:
@@ -155,7 +157,7 @@ def _patch(tree: SourceTree, args: argparse.Namespace) -> int:
         result["remaining"] = [f.summary for f in after.findings if not f.ok and f.patchable]
     if not args.json:
         for note in recovery.notes(check=args.check):
-            print(note)
+            print(terminal_text(note, one_line=True))
     _emit(args, tree.root, result, changes)
     if args.check:
         return Exit.FOUND if needed else Exit.OK
@@ -185,6 +187,6 @@ def _revert(tree: SourceTree, args: argparse.Namespace) -> int:
         patch.revert(plan)
     if not args.json:
         for rel in plan.skipped:
-            print(f"{rel}: already the original, left as is")
+            print(terminal_text(f"{rel}: already the original, left as is", one_line=True))
     _emit(args, tree.root, result, plan.changes)
     return Exit.FOUND if args.check and plan.needed else Exit.OK

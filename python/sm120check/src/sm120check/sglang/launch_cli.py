@@ -15,24 +15,19 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import http.client
 import json
 import os
 import re
 import shutil
-import signal
-import stat
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from sm120check import argtypes, bounded
 from sm120check.exitcodes import Exit
 from sm120check.sglang.launch_report import SCHEMA, exit_code, render, to_dict
 from sm120check.sglang.launch_request import LaunchRequest, parse_expect, request_from_argv, request_from_command
@@ -45,6 +40,13 @@ MAX_LAUNCH_COMMAND_BYTES = 1 << 20
 JOURNAL_TIMEOUT_S = 30.0
 _UNIT = re.compile(r"[A-Za-z0-9:_.@\\-]{1,256}")
 _READ = 1 << 16
+
+
+MAX_LOG_MIB = 1024
+MAX_RETRIES = 100
+_timeout = argtypes.real(0, 3600, unit="of seconds", low_open=True)
+_retries = argtypes.whole(1, MAX_RETRIES, unit="of attempts")
+_log_mib = argtypes.real(0, MAX_LOG_MIB, unit="of MiB", low_open=True)
 
 
 class VerifyError(Exception):
@@ -79,14 +81,20 @@ def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help=f"comma-separated expectations instead: {','.join(e.value for e in Expectation)}",
     )
     p.add_argument("--sglang-version", metavar="VER", help="the SGLang release (default: server_info's version)")
-    p.add_argument("--timeout", metavar="S", type=float, default=10.0, help="seconds per HTTP attempt (default 10)")
-    p.add_argument("--retries", metavar="N", type=int, default=3, help="HTTP attempts in all (default 3)")
+    p.add_argument("--timeout", metavar="S", type=_timeout, default=10.0, help="seconds per HTTP attempt (default 10)")
+    p.add_argument("--retries", metavar="N", type=_retries, default=3, help="HTTP attempts in all (default 3)")
     p.add_argument(
         "--api-key",
         default=os.environ.get("SGLANG_API_KEY"),
         help="bearer token when the server runs with --api-key ($SGLANG_API_KEY); never printed",
     )
-    p.add_argument("--max-log-mib", metavar="N", type=float, default=16.0, help="read at most the last N MiB of log")
+    p.add_argument(
+        "--max-log-mib",
+        metavar="N",
+        type=_log_mib,
+        default=16.0,
+        help=f"read at most the last N MiB of log (at most {MAX_LOG_MIB}: it is held in memory)",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 when a verdict is unknown, too")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run)
@@ -234,27 +242,20 @@ def _decode(data: bytes, truncated: bool) -> list[str]:
     return data.decode("utf-8", "replace").splitlines()
 
 
-def check_log_file(path: Path) -> os.stat_result:
-    """The log's stat, or the reason it cannot be read (a FIFO or device would block or never end)."""
+def check_log_file(path: Path) -> None:
+    """Raise VerifyError naming the log when it cannot be read (a FIFO or device would block or never end)."""
     try:
-        info = path.stat()
-    except OSError as exc:
-        raise VerifyError(f"--log {path}: cannot read it ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise VerifyError(f"--log {path}: not a regular file")
-    return info
+        os.close(bounded.open_regular(path))
+    except bounded.Unreadable as exc:
+        raise VerifyError(f"--log {exc}; give the server's log file, or --journal-unit NAME") from None
 
 
 def read_log_file(path: Path, cap: int) -> tuple[list[str], bool]:
-    info = check_log_file(path)
+    """The newest `cap` bytes of the log, as lines, and whether older ones were cut."""
     try:
-        with path.open("rb") as handle:
-            truncated = info.st_size > cap
-            if truncated:
-                handle.seek(info.st_size - cap)
-            data = handle.read(cap)
-    except OSError as exc:
-        raise VerifyError(f"--log {path}: cannot read it ({exc.strerror or exc})") from None
+        data, truncated = bounded.read_tail(path, cap)
+    except bounded.Unreadable as exc:
+        raise VerifyError(f"--log {exc}; give the server's log file, or --journal-unit NAME") from None
     return _decode(data, truncated), truncated
 
 
@@ -267,47 +268,17 @@ def read_journal(unit: str, cap: int, timeout: float | None = None) -> tuple[lis
     if journalctl is None:
         raise VerifyError("journalctl is not on PATH: pass the server's log file with --log FILE")
     argv = [journalctl, "-u", unit, "-b", "--no-pager", "-q", "-o", "cat"]
-    with tempfile.TemporaryFile() as errors:
-        try:
-            proc = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        except OSError as exc:
-            raise VerifyError(f"cannot run journalctl: {exc}") from None
-        timer = threading.Timer(limit, _kill_group, (proc,))
-        timer.start()
-        kept: deque[bytes] = deque()
-        size = 0
-        truncated = False
-        try:
-            assert proc.stdout is not None
-            while chunk := proc.stdout.read(_READ):
-                kept.append(chunk)
-                size += len(chunk)
-                while size - len(kept[0]) >= cap:
-                    size -= len(kept.popleft())
-                    truncated = True
-            code = proc.wait()
-        finally:
-            timer.cancel()
-            if proc.stdout is not None:
-                proc.stdout.close()
-        errors.seek(0)
-        message = errors.read(4096).decode("utf-8", "replace").strip()
-    if code < 0:
+    try:
+        out = bounded.command_output(argv, cap, limit)
+    except OSError as exc:
+        raise VerifyError(f"cannot run journalctl: {exc}") from None
+    if out.timed_out:
         raise VerifyError(f"journalctl -u {unit} did not finish within {limit:g} s")
-    if code != 0:
+    if out.returncode != 0:
+        message = out.stderr.strip()
         first = message.splitlines()[0] if message else "no message"
-        raise VerifyError(f"journalctl -u {unit} failed (exit {code}): {printable(first)}")
-    data = b"".join(kept)
-    if len(data) > cap:
-        data, truncated = data[-cap:], True
-    return _decode(data, truncated), truncated
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        raise VerifyError(f"journalctl -u {unit} failed (exit {out.returncode}): {printable(first)}")
+    return _decode(out.data, out.cut), out.cut
 
 
 # --- the command ---------------------------------------------------------------------------------------------------
@@ -315,14 +286,11 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def _read_launch_command(path: Path) -> str:
     try:
-        if not path.is_file():
-            raise VerifyError(f"--launch-command {path}: no such file")
-        with path.open("rb") as handle:
-            data = handle.read(MAX_LAUNCH_COMMAND_BYTES + 1)
-    except OSError as exc:
-        raise VerifyError(f"--launch-command {path}: cannot read it ({exc.strerror or exc})") from None
-    if len(data) > MAX_LAUNCH_COMMAND_BYTES:
-        raise VerifyError(f"--launch-command {path}: larger than {MAX_LAUNCH_COMMAND_BYTES} bytes, not a command line")
+        data = bounded.read_bytes(path, MAX_LAUNCH_COMMAND_BYTES)
+    except bounded.TooLarge as exc:
+        raise VerifyError(f"--launch-command {exc}, not a command line") from None
+    except bounded.Unreadable as exc:
+        raise VerifyError(f"--launch-command {exc}; give the launch-command.txt the sglang_server role wrote") from None
     return data.decode("utf-8", "replace")
 
 
@@ -343,8 +311,11 @@ def _request(args: argparse.Namespace, info: ServerInfo | None) -> LaunchRequest
 def verify(args: argparse.Namespace) -> LaunchReport:
     if args.log is None and args.journal_unit is None and args.url is None:
         raise VerifyError("nothing to verify against: give --log FILE or --journal-unit NAME, and/or --url URL")
-    if args.timeout <= 0 or args.retries < 1 or args.max_log_mib <= 0:
-        raise VerifyError("--timeout and --max-log-mib must be > 0 and --retries >= 1")
+    for name, parse in (("timeout", _timeout), ("retries", _retries), ("max_log_mib", _log_mib)):
+        try:  # the parser checked them; a Namespace built by a caller gets the same check
+            parse(str(getattr(args, name)))
+        except argparse.ArgumentTypeError as exc:
+            raise VerifyError(f"--{name.replace('_', '-')} {exc}") from None
     if args.expect is not None:
         parse_expect(args.expect)  # a usage error before any I/O
     endpoint = parse_url(args.url) if args.url else None

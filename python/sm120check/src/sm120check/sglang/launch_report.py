@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sm120check.exitcodes import Exit
+from sm120check.safetext import terminal_text
 from sm120check.sglang.launch_verdict import LaunchReport
 
 SCHEMA = "sm120check.verify-launch/1"
@@ -84,6 +85,7 @@ def render(report: LaunchReport) -> str:
         if v.fix:
             lines.append(f"  {'':<9} {'':<12} fix: {v.fix}")
     lines.extend(f"note: {n}" for n in report.notes)
+    lines = [terminal_text(line, one_line=True) for line in lines]  # the server's version and log text among them
     if report.degraded:
         names = ", ".join(v.expectation.value for v in report.degraded)
         lines.append(f"{len(report.degraded)} of {len(report.verdicts)} degraded: {names}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from sm120check.safetext import terminal_text
+
 
 class Expectation(str, Enum):
     FUSION = "fusion"
@@ -28,5 +30,6 @@ class LaunchError(ValueError):
 
 
 def printable(text: str) -> str:
-    """Text safe to print: control characters (terminal escapes from a hostile log) shown as escapes."""
-    return "".join(c if c.isprintable() or c == "\t" else f"\\x{ord(c):02x}" for c in text)
+    """One line safe to print and to keep as evidence (terminal escapes from a hostile log or server made inert):
+    safetext.terminal_text, the tools' one escaping function."""
+    return terminal_text(text, one_line=True)

@@ -89,8 +89,9 @@ def _speculative_evidence(info: ServerInfo, request: LaunchRequest) -> list[Evid
     if "speculative_algorithm" not in info.present:
         return []
     if info.speculative_algorithm is None:
+        asked = request.speculative_algorithm or f"speculation ({request.origin})"  # --expect names no algorithm
         fix = (
-            f"the server runs without speculation although the launch asked for {request.speculative_algorithm}: "
+            f"the server runs without speculation although the launch asked for {asked}: "
             "restart the unit so it runs the rendered launch command, and check the draft model path"
         )
         return [Evidence("server_info", Sign.DEGRADED, _field("speculative_algorithm", None), fix)]

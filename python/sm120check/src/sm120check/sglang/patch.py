@@ -22,12 +22,15 @@ in-progress journal: the next patch rolls it back first, `--revert` finishes it.
 from __future__ import annotations
 
 import difflib
+import fcntl
 import functools
 import hashlib
+import os
 import py_compile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -48,6 +51,7 @@ class FileChange:
     before: bytes
     after: bytes
     changes: tuple[str, ...]
+    link: str | None = None  # revert: `path` was a symbolic link to this target, put back instead of the bytes
 
 
 def sha256(data: bytes) -> str:
@@ -75,7 +79,9 @@ def plan(tree: SourceTree, report: ScanReport) -> list[FileChange]:
 
     def edit(rel: str, fn: Callable[[str], str], note: str) -> None:
         if rel not in texts:
-            originals[rel] = (tree.root / rel).read_bytes()
+            target = state.inside(tree.root, tree.root / rel)  # a link to a directory elsewhere is refused here
+            state.inside(tree.root, tree.root / STATE_DIR / state.BACKUP / rel)
+            originals[rel] = state.read_file(target)
             texts[rel] = _decode(originals[rel])[1]
         new = fn(texts[rel])
         if new != texts[rel]:
@@ -164,19 +170,21 @@ def _py_compile(path: Path, scratch: str) -> None:
 def _original(found: state.Survey, f: state.FileState) -> bytes:
     """The backup's bytes, checked against the survey that vouched for them."""
     backup = found.backup(f.rel)
-    try:
-        data = backup.read_bytes()
-    except OSError as exc:
-        raise SglangError(state.describe(exc)) from exc
+    data = state.read_file(backup)
     if sha256(data) != f.backup_sha:
         raise SglangError(f"{backup} changed while sm120check read it; run the command again")
     return data
 
 
-def _put(path: Path, data: bytes) -> None:
-    state.atomic_write(path, data)
+def _put(path: Path, data: bytes, link: str | None = None) -> None:
+    """Put the original back: its bytes, or the symbolic link it was (whose target was never written)."""
+    if link is None:
+        state.atomic_write(path, data)
+    else:
+        state.restore_link(path, link)
     if state.digest(path) != sha256(data):
-        raise SglangError(f"{path}: restored bytes do not match the original")
+        where = f" (through the link to {link}, which changed since the patch)" if link else ""
+        raise SglangError(f"{path}: restored bytes do not match the original{where}")
 
 
 @dataclass(frozen=True)
@@ -217,9 +225,46 @@ def recover(tree: SourceTree, *, check: bool = False) -> Recovery:
     if not pending or check:
         return result
     for f in restore:
-        _put(tree.root / f.rel, _original(found, f))
+        _put(state.inside(tree.root, tree.root / f.rel), _original(found, f), f.entry.link if f.entry else None)
     state.clear(found, replace(ledger, files=keep, sglang_version=tree.version) if ledger and keep else None)
     return result
+
+
+LOCK_WAIT_S = 60.0  # a patch or revert takes seconds; a run that holds the lock longer is stuck, not slow
+
+
+@contextmanager
+def tree_lock(root: Path, wait_s: float | None = None) -> Iterator[None]:
+    """One patch or revert at a time per tree: an exclusive flock on the package directory itself (nothing is
+    written for it). A second run waits up to LOCK_WAIT_S for the first, then refuses, naming the tree."""
+    limit = LOCK_WAIT_S if wait_s is None else wait_s
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SglangError(state.describe(exc)) from exc
+    try:
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise SglangError(
+                        f"another `sm120check sglang patch` is working on {root} (it has held the lock for over "
+                        f"{limit:g} s); nothing was changed. Let it finish (`fuser -v {root}` names it), then run "
+                        "this command again"
+                    ) from None
+                time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
+        yield
+    finally:
+        os.close(fd)
+
+
+def _link(path: Path) -> str | None:
+    """The target of `path` when it is a symbolic link to a file: the patch writes a regular file in its place (the
+    target, maybe outside the tree, is never written) and the ledger keeps the target, so revert puts the link back."""
+    return str(path.readlink()) if path.is_symlink() else None
 
 
 def _journal(
@@ -233,6 +278,7 @@ def _journal(
             sha256(ch.after),
             tuple(dict.fromkeys([*(old.changes if old else ()), *ch.changes])),
             old.sha256_after if old else None,
+            old.link if old else _link(tree.root / ch.path),
         )
     return state.Ledger(
         state.IN_PROGRESS,
@@ -253,9 +299,13 @@ def apply(tree: SourceTree, report: ScanReport, changes: list[FileChange]) -> st
     root = tree.root
     prior = state.load_ledger(root)
     if prior is not None and prior.state != state.COMPLETE:
-        raise SglangError(f"{root / STATE_DIR / LEDGER} records an interrupted patch; run the patch again")
+        raise SglangError(
+            f"{root / STATE_DIR / LEDGER} records an interrupted patch that was not rolled back; run "
+            "`sm120check sglang patch --revert` to finish it"
+        )
     for ch in changes:
-        if state.digest(root / ch.path) != sha256(ch.before):
+        state.inside(root, root / STATE_DIR / state.BACKUP / ch.path)
+        if state.digest(state.inside(root, root / ch.path)) != sha256(ch.before):
             raise SglangError(f"{root / ch.path} changed while planning; run the patch again")
         backup = root / STATE_DIR / state.BACKUP / ch.path
         if (prior is None or ch.path not in prior.files) and backup.exists():
@@ -276,7 +326,7 @@ def apply(tree: SourceTree, report: ScanReport, changes: list[FileChange]) -> st
         final = journal.completed()
         state.write_ledger(root, final)
     except BaseException as exc:
-        _undo(tree, prior, written)
+        _undo(tree, prior, journal, written)
         if isinstance(exc, py_compile.PyCompileError):
             raise SglangError(f"{exc.file}: does not compile once patched ({exc.msg}); nothing was changed") from exc
         if isinstance(exc, OSError):
@@ -287,12 +337,18 @@ def apply(tree: SourceTree, report: ScanReport, changes: list[FileChange]) -> st
     return final
 
 
-def _undo(tree: SourceTree, prior: state.Ledger | None, written: list[FileChange]) -> None:
+def _undo(tree: SourceTree, prior: state.Ledger | None, journal: state.Ledger, written: list[FileChange]) -> None:
     """Put back what `apply` wrote, and the ledger as it was; should that fail too, the journal stays for `recover`."""
     try:
         for ch in reversed(written):
-            if state.digest(tree.root / ch.path) != sha256(ch.before):
-                state.atomic_write(tree.root / ch.path, ch.before)
+            path = tree.root / ch.path
+            first = prior is None or ch.path not in prior.files  # a link before this run: put the link back
+            link = journal.files[ch.path].link if first else None
+            if link is not None:
+                if not path.is_symlink():
+                    state.restore_link(path, link)
+            elif state.digest(path) != sha256(ch.before):
+                state.atomic_write(path, ch.before)
         found = state.survey(tree.root, tree.version)
         for f in found.files:  # drop no backup whose file is not back to that original
             if (prior is None or f.rel not in prior.files) and f.verdict is not Verdict.ORIGINAL:
@@ -322,16 +378,13 @@ def plan_revert(tree: SourceTree) -> RevertPlan:
     found.raise_problems()
     changes = []
     for f in found.having(Verdict.PATCHED, Verdict.STRAY):
-        try:
-            current = (tree.root / f.rel).read_bytes()
-        except OSError as exc:
-            raise SglangError(state.describe(exc)) from exc
+        current = state.read_file(state.inside(tree.root, tree.root / f.rel))
         notes = (
             tuple(f"restored original ({c})" for c in f.entry.changes)
             if f.entry
             else ("restored original from a backup no ledger lists (its sha256 is the release's, from RECORD)",)
         )
-        changes.append(FileChange(f.rel, current, _original(found, f), notes))
+        changes.append(FileChange(f.rel, current, _original(found, f), notes, f.entry.link if f.entry else None))
     skipped = tuple(f.rel for f in found.having(Verdict.ORIGINAL, Verdict.PRISTINE))
     return RevertPlan(found, changes, skipped)
 
@@ -340,5 +393,5 @@ def revert(plan: RevertPlan) -> None:
     """Put every original back, then remove `.sm120kit/`: backups first, the ledger last, so that a kill leaves a
     state the next revert finishes."""
     for ch in plan.changes:
-        _put(plan.survey.root / ch.path, ch.after)
+        _put(plan.survey.root / ch.path, ch.after, ch.link)
     state.clear(plan.survey)

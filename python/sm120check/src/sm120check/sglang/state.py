@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path, PurePosixPath
 
+from sm120check import bounded
 from sm120check.sglang.errors import SglangError
 
 STATE_DIR = ".sm120kit"
@@ -30,6 +31,7 @@ BACKUP = "backup"
 TMP_SUFFIX = ".sm120kit-tmp"
 FORMAT = 2
 IN_PROGRESS, COMPLETE = "in-progress", "complete"
+MAX_FILE_BYTES = 64 << 20  # a source file, a backup, the ledger or RECORD (SGLang's largest module is under 1 MiB)
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -55,6 +57,7 @@ class Entry:
     sha256_after: str
     changes: tuple[str, ...]
     sha256_previous: str | None = None  # while in progress: the patched bytes this write replaces
+    link: str | None = None  # the file was a symbolic link to this target: revert puts the link back
 
     def ours(self) -> frozenset[str]:
         """Checksums of bytes sm120check wrote over the original."""
@@ -68,6 +71,8 @@ class Entry:
         }
         if self.sha256_previous is not None:
             out["sha256_previous"] = self.sha256_previous
+        if self.link is not None:
+            out["link"] = self.link
         return out
 
 
@@ -133,12 +138,15 @@ def _entry(rel: str, raw: object) -> Entry:
     changes = raw.get("changes", [])
     if not isinstance(changes, list) or not all(isinstance(c, str) for c in changes):
         raise _Malformed(f"files[{rel!r}]: 'changes' is not a list of strings")
-    previous = raw.get("sha256_previous")
+    previous, link = raw.get("sha256_previous"), raw.get("link")
+    if link is not None and (not isinstance(link, str) or not link or "\x00" in link):
+        raise _Malformed(f"files[{rel!r}]: 'link' is not a link target")
     return Entry(
         _digest_field(raw, "sha256_before", f"files[{rel!r}]"),
         _digest_field(raw, "sha256_after", f"files[{rel!r}]"),
         tuple(changes),
         None if previous is None else _digest_field(raw, "sha256_previous", f"files[{rel!r}]"),
+        link,
     )
 
 
@@ -168,11 +176,11 @@ def parse_ledger(raw: bytes) -> Ledger:
 def load_ledger(root: Path) -> Ledger | None:
     path = root / STATE_DIR / LEDGER
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+        raw = bounded.read_bytes(path, MAX_FILE_BYTES)
+    except bounded.Missing:
         return None
-    except OSError as exc:
-        raise SglangError(f"{describe(exc)}; cannot read the sm120check ledger") from exc
+    except bounded.Unreadable as exc:
+        raise SglangError(f"{exc}; cannot read the sm120check ledger") from exc
     try:
         return parse_ledger(raw)
     except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError, _Malformed
@@ -202,9 +210,9 @@ def read_record(root: Path, version: str) -> dict[str, str]:
     if path is None:
         return {}
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SglangError(f"{path}: unreadable RECORD ({exc}); reinstall SGLang") from exc
+        text = bounded.read_text(path, MAX_FILE_BYTES)
+    except bounded.Unreadable as exc:
+        raise SglangError(f"unreadable RECORD ({exc}); reinstall SGLang") from exc
     prefix = f"{root.name}/"
     out: dict[str, str] = {}
     for row in csv.reader(text.splitlines()):
@@ -265,13 +273,49 @@ class Survey:
 
 
 def digest(path: Path) -> str | None:
-    """sha256 of a file, None when it does not exist; any other OS error names the path."""
+    """sha256 of a file, None when it does not exist; a FIFO, a device or any OS error names the path."""
     try:
-        return sha256(path.read_bytes())
-    except FileNotFoundError:
+        fd = bounded.open_regular(path)
+    except bounded.Missing:
         return None
+    except bounded.Unreadable as exc:
+        raise SglangError(str(exc)) from exc
+    hasher = hashlib.sha256()
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            hasher.update(chunk)
     except OSError as exc:
-        raise SglangError(describe(exc)) from exc
+        raise SglangError(f"{path}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    return hasher.hexdigest()
+
+
+def read_file(path: Path) -> bytes:
+    """A file of the tree or of the state, bounded and regular only; SglangError names it."""
+    try:
+        return bounded.read_bytes(path, MAX_FILE_BYTES)
+    except bounded.Unreadable as exc:
+        raise SglangError(str(exc)) from exc
+
+
+def inside(root: Path, path: Path) -> Path:
+    """`path`, once no directory between `root` and it is a symbolic link: a write there stays in the tree.
+    Otherwise SglangError naming the link and the fix, before anything is written."""
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        raise SglangError(f"{path} is outside {root}; sm120check writes only inside --source") from None
+    here = root
+    for part in parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            raise SglangError(
+                f"{here} is a symbolic link to {here.readlink()}: sm120check writes only inside {root} and "
+                f"does not follow directory links there. Nothing was changed. Replace the link by a copy of the "
+                f"directory, or patch the tree it leads to (--source), and run the command again"
+            )
+    return path
 
 
 def _backups(folder: Path) -> list[str]:
@@ -431,6 +475,19 @@ def make_dirs(folder: Path) -> None:
             _own_like(new, new.parent.stat())
         except OSError as exc:
             raise SglangError(describe(exc)) from exc
+
+
+def restore_link(path: Path, target: str) -> None:
+    """Put the symbolic link `path` -> `target` back in place of the regular file a patch wrote (atomic)."""
+    tmp = path.with_name(f".{path.name}.link{TMP_SUFFIX}")
+    try:
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(target)
+        _replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise SglangError(f"{path}: cannot put the link to {target} back ({exc.strerror or exc})") from exc
 
 
 def atomic_write(path: Path, data: bytes) -> None:

@@ -12,12 +12,13 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sm120check import versions
+from sm120check import bounded, versions
 from sm120check.sglang.errors import SglangError
 
 # FlashInfer builds its trtllm allreduce-fusion kernels for major 12 from this release on.
 FLASHINFER_MIN_FOR_SM120 = (0, 6, 17)
 DEFAULT_CC = "12.0"
+MAX_SOURCE_BYTES = 64 << 20  # SGLang's largest module is under 1 MiB
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,8 @@ def resolve_source(directory: str) -> Path:
 
 def _assigned_version(path: Path) -> str | None:
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError):
+        tree = ast.parse(bounded.read_text(path, 1 << 20))
+    except (bounded.Unreadable, SyntaxError, ValueError):
         return None
     for node in tree.body:
         if (
@@ -148,7 +149,11 @@ class SourceTree:
         return (self.root / rel).is_file()
 
     def read(self, rel: str) -> str:
-        return (self.root / rel).read_bytes().decode("utf-8-sig")  # a BOM is not Python source
+        path = self.root / rel
+        try:
+            return bounded.decode(bounded.read_bytes(path, MAX_SOURCE_BYTES), path)  # a BOM is not Python source
+        except bounded.Unreadable as exc:
+            raise SglangError(f"{exc}; reinstall SGLang or restore the file") from exc
 
     def parse(self, rel: str) -> ast.Module:
         if rel not in self._cache:

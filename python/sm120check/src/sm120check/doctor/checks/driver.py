@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check import versions
+from sm120check import bounded, versions
 from sm120check.doctor import child, facts, nvml_api, remedies
 from sm120check.doctor.model import Context, Result, Status
 
@@ -150,8 +150,8 @@ class DriverCheck:
 
     def run(self, ctx: Context) -> Result:
         try:
-            proc_text: str | None = PROC_VERSION.read_text(encoding="utf-8", errors="replace")
-        except OSError:
+            proc_text: str | None = bounded.read_text(PROC_VERSION, 64 << 10, lenient=True)
+        except bounded.Unreadable:
             proc_text = None
         nvml = ctx.facts.nvml or facts.read_nvml(ctx.timeout)  # asked once, before the checks (facts.gather)
         if nvml.problem:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check import __version__, manifest, versions
+from sm120check import __version__, bounded, manifest, versions
 from sm120check.doctor import remedies
 from sm120check.doctor.model import Context, Result, Status
 
@@ -19,8 +19,8 @@ MIN_GLIBC = "2.28"  # torch and the CUDA wheels are manylinux_2_28
 def os_release(path: Path = Path("/etc/os-release")) -> dict[str, str]:
     fields: dict[str, str] = {}
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
+        text = bounded.read_text(path, 64 << 10, lenient=True)
+    except bounded.Unreadable:
         return fields
     for line in text.splitlines():
         key, sep, value = line.partition("=")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sm120check import bounded
+
 PROC = Path("/proc")
 MAX_DEPTH = 256  # a parent chain longer than this is a /proc we misread, not a real tree
 
@@ -13,8 +15,8 @@ def parent(pid: int, proc: Path = PROC) -> int | None:
     """The ppid of `pid` (field 4 of /proc/<pid>/stat, after the parenthesised comm, which may hold spaces and
     parentheses); None when the process is gone or its stat is unreadable."""
     try:
-        text = (proc / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        text = bounded.read_text(proc / str(pid) / "stat", 4096, lenient=True)
+    except bounded.Unreadable:
         return None
     fields = text[text.rfind(")") + 1 :].split()
     try:

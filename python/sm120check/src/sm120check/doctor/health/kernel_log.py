@@ -1,7 +1,8 @@
 """Read this boot's kernel log, bounded, and pick out the NVIDIA driver's Xid and "fallen off the bus" lines.
 
 Sources in order: /dev/kmsg read non-blocking until EAGAIN (this boot's ring buffer), else
-`journalctl -k -b --no-pager -o short-monotonic`, else `dmesg`, each with a time and size bound. No source
+`journalctl -k -b --no-pager -o short-monotonic`, else `dmesg`, each with a time and size bound. A log larger than
+the bound keeps its newest lines (the Xid of a minute ago is on the last line) and KernelLog.cut says so. No source
 readable (dmesg_restrict, a container) is a value: KernelLog.error says so and how to fix it, never a crash.
 
 Line formats (NVIDIA's Xid documentation, docs.nvidia.com/deploy/xid-errors/, and driver output seen in
@@ -20,8 +21,11 @@ import os
 import re
 import subprocess
 import time
+from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
+from sm120check import bounded
 from sm120check.doctor.health.payloads import KernelLog, XidEvent
 
 MAX_BYTES = 32 << 20  # stop reading past this much log
@@ -100,14 +104,34 @@ def _kmsg_records(data: bytes) -> list[str]:
     return lines
 
 
-def read_kmsg(path: str = "/dev/kmsg") -> list[str]:
-    """This boot's ring buffer, read non-blocking until EAGAIN; raises OSError (PermissionError) when unreadable."""
+@dataclass(frozen=True)
+class LogLines:
+    """The lines of one source, and what was left out when the log was larger than MAX_BYTES ("" when nothing)."""
+
+    source: str
+    lines: list[str]
+    cut: str = ""
+
+
+def _cut_note(newest: bool) -> str:
+    size = bounded.size_text(MAX_BYTES)
+    return f"the log is larger than {size}: only its {'newest' if newest else 'oldest'} {size} were read"
+
+
+def read_kmsg(path: str = "/dev/kmsg", newest: bool = True) -> LogLines:
+    """This boot's ring buffer, read non-blocking until EAGAIN; when it is larger than MAX_BYTES, its newest part
+    (newest=True: an Xid of the last minute is on the last lines) or its oldest (the boot's own lines) is kept and
+    `cut` says so. Raises OSError (PermissionError) when unreadable."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    chunks: list[bytes] = []
+    chunks: deque[bytes] = deque()
     total = 0
+    cut = ""
     deadline = time.monotonic() + READ_SECONDS
     try:
-        while total < MAX_BYTES and time.monotonic() < deadline:
+        while True:
+            if time.monotonic() >= deadline:
+                cut = f"reading {path} took longer than {READ_SECONDS:g} s: its newest records may be missing"
+                break
             try:
                 chunk = os.read(fd, 16384)  # one record per read
             except BlockingIOError:
@@ -118,39 +142,66 @@ def read_kmsg(path: str = "/dev/kmsg") -> list[str]:
                 raise
             if not chunk:
                 break
+            if not newest and total + len(chunk) > MAX_BYTES:
+                cut = _cut_note(newest)
+                break
             chunks.append(chunk)
             total += len(chunk)
+            while newest and total - len(chunks[0]) >= MAX_BYTES:  # /dev/kmsg gives one record per read
+                total -= len(chunks.popleft())
+                cut = _cut_note(newest)
     finally:
         os.close(fd)
-    return _kmsg_records(b"".join(chunks))
+    data = b"".join(chunks)
+    if len(data) > MAX_BYTES:  # the oldest read went past the bound: keep its whole records after the cut
+        data, cut = data[-MAX_BYTES:], _cut_note(newest)
+        data = data[data.find(b"\n") + 1 :]
+    return LogLines(path, _kmsg_records(data), cut)
 
 
-def _command(cmd: list[str]) -> list[str]:
-    proc = subprocess.run(cmd, capture_output=True, timeout=READ_SECONDS * 2, check=False)
-    if proc.returncode != 0:
-        err = proc.stderr.decode(errors="replace").strip().splitlines()
-        raise OSError(f"{' '.join(cmd)} exited {proc.returncode}: {(err or ['no error output'])[-1]}")
-    return proc.stdout[:MAX_BYTES].decode(errors="replace").splitlines()
+def read_command(source: str, cmd: list[str], newest: bool = True) -> LogLines:
+    """`cmd`'s output (journalctl, dmesg) as lines, at most MAX_BYTES of it, the newest or the oldest part."""
+    out = bounded.command_output(cmd, MAX_BYTES, READ_SECONDS * 2, keep_newest=newest)
+    if out.timed_out:
+        raise OSError(f"{' '.join(cmd)} did not finish within {READ_SECONDS * 2:g} s")
+    if out.returncode != 0:
+        err = out.stderr.strip().splitlines()
+        raise OSError(f"{' '.join(cmd)} exited {out.returncode}: {(err or ['no error output'])[-1]}")
+    data = out.data
+    if out.cut:  # the cut went through a line: drop its piece
+        data = data[data.find(b"\n") + 1 :] if newest else data[: data.rfind(b"\n") + 1]
+    return LogLines(source, data.decode(errors="replace").splitlines(), _cut_note(newest) if out.cut else "")
 
 
-def read() -> KernelLog:
-    """The Xid events of this boot from the first readable source; KernelLog.error when none is readable."""
+SOURCES: tuple[tuple[str, list[str] | None], ...] = (
+    ("/dev/kmsg", None),
+    ("journalctl -k -b", ["journalctl", "-k", "-b", "--no-pager", "-o", "short-monotonic"]),
+    ("dmesg", ["dmesg"]),
+)
+
+
+def read_lines(newest: bool = True) -> tuple[LogLines | None, list[str]]:
+    """The first readable source's lines (None when there is none) and why each source before it failed."""
     problems: list[str] = []
-    sources: list[tuple[str, list[str] | None]] = [
-        ("/dev/kmsg", None),
-        ("journalctl -k -b", ["journalctl", "-k", "-b", "--no-pager", "-o", "short-monotonic"]),
-        ("dmesg", ["dmesg"]),
-    ]
-    for source, cmd in sources:
+    for source, cmd in SOURCES:
         try:
-            lines = read_kmsg() if cmd is None else _command(cmd)
+            log = read_kmsg(newest=newest) if cmd is None else read_command(source, cmd, newest)
         except (OSError, subprocess.SubprocessError) as exc:
             problems.append(f"{source}: {exc}")
             continue
-        if not lines and cmd is None:
+        if not log.lines:
             problems.append(f"{source}: no records")
             continue
-        return KernelLog(source, parse(lines), lines=len(lines))
+        return log, problems
+    return None, problems
+
+
+def read() -> KernelLog:
+    """The Xid events of this boot from the first readable source, the newest MAX_BYTES of it; KernelLog.error when
+    no source is readable, KernelLog.cut when the log was larger."""
+    log, problems = read_lines()
+    if log is not None:
+        return KernelLog(log.source, parse(log.lines), lines=len(log.lines), cut=log.cut)
     return KernelLog(
         "",
         error="kernel log unreadable: "

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sm120check import bounded
 from sm120check.doctor.health.payloads import (
     NOT_IN_DRIVER,
     NOT_SUPPORTED,
@@ -275,6 +276,6 @@ class Nvml:
 
 def _comm(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
+        return bounded.read_text(Path(f"/proc/{pid}/comm"), 4096, lenient=True).strip()
+    except bounded.Unreadable:
         return ""  # another PID namespace (a container) or gone

@@ -371,6 +371,7 @@ class KernelLog:
     events: tuple[XidEvent, ...] = ()
     error: str = ""  # why no source could be read ("kernel log unreadable: ... run as root")
     lines: int = 0  # lines read
+    cut: str = ""  # what was left out of a log larger than the bound (its oldest lines), "" when nothing
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -378,6 +379,7 @@ class KernelLog:
             "events": [e.to_json() for e in self.events],
             "error": self.error,
             "lines": self.lines,
+            "cut": self.cut,
         }
 
     @classmethod
@@ -387,6 +389,7 @@ class KernelLog:
             tuple(XidEvent.from_json(e) for e in f.objects("events")),
             f.text("error"),
             f.integer("lines"),
+            f.maybe_text("cut") or "",
         )
 
 

@@ -13,8 +13,10 @@ import json
 import sys
 from pathlib import Path
 
+from sm120check import bounded
 from sm120check.doctor.health import sglang_configs, verdicts
 from sm120check.doctor.health.payloads import NodeHealth
+from sm120check.safetext import terminal_text
 
 
 def _sglang_dir(given: str) -> str:
@@ -52,14 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("payload", help="the probe's JSON line in a file, or - for stdin")
     parser.add_argument("--sglang", default="", help="an installed sglang package directory")
     args = parser.parse_args(argv)
-    text = sys.stdin.read() if args.payload == "-" else Path(args.payload).read_text(encoding="utf-8")
+    try:
+        text = sys.stdin.read(1 << 24) if args.payload == "-" else bounded.read_text(Path(args.payload), 1 << 24)
+    except bounded.Unreadable as exc:
+        parser.error(str(exc))
     line = [ln for ln in text.strip().splitlines() if ln.startswith("{")][-1]
     health = NodeHealth.from_json(json.loads(line))
     worst = 0
     for v in judge(health, _sglang_dir(args.sglang)):
-        print(f"{v.status.upper():4} {v.id}: {v.summary}")
+        print(f"{v.status.upper():4} {v.id}: {terminal_text(v.summary, one_line=True)}")
         for detail in v.details.splitlines():
-            print(f"       {detail}")
+            print(f"       {terminal_text(detail, one_line=True)}")
         if v.remedy and v.status in (verdicts.WARN, verdicts.FAIL):
             print(f"       fix: {v.remedy}")
         worst = max(worst, {verdicts.FAIL: 2, verdicts.WARN: 1}.get(v.status, 0))

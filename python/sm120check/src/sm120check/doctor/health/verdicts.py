@@ -144,8 +144,9 @@ def xid(log: KernelLog, since_s: float | None = None) -> Verdict:
         return Verdict(vid, SKIP, log.error, remedy=remedies.KERNEL_LOG_ROOT)
     events = [e for e in log.events if since_s is None or e.uptime_s is None or e.uptime_s >= since_s]
     window = "since boot" if since_s is None else f"since {since_s:.0f} s after boot"
+    cut = f"; {log.cut}" if log.cut else ""  # a cut log was read from its newest line back: older Xids unseen
     if not events:
-        return Verdict(vid, PASS, f"no Xid in the kernel log {window} ({log.source}, {log.lines} lines)")
+        return Verdict(vid, PASS, f"no Xid in the kernel log {window} ({log.source}, {log.lines} lines{cut})")
     seen: dict[tuple[int, str], int] = {}
     for event in events:
         seen[(event.xid, event.pci)] = seen.get((event.xid, event.pci), 0) + 1
@@ -165,7 +166,8 @@ def xid(log: KernelLog, since_s: float | None = None) -> Verdict:
     else:
         summary = f"{len(events)} Xid events {window}: " + ", ".join(lines)
     example = "\n".join(f"  {e.pci}: Xid {e.xid}, {e.text}" for e in events[:5])
-    return Verdict(vid, worst, summary, "\n".join(lines) + "\nfirst lines:\n" + example, remedies.all_of(*steps))
+    details = "\n".join(lines) + "\nfirst lines:\n" + example + (f"\n{log.cut}" if log.cut else "")
+    return Verdict(vid, worst, summary, details, remedies.all_of(*steps))
 
 
 # ---- memory health -----------------------------------------------------------------------------------------------

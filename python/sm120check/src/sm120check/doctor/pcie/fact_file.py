@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm120check.doctor.pcie.files import Unreadable, read_text
+from sm120check.bounded import Unreadable, read_text
 
 DEFAULT_PATH = Path("/var/lib/sm120kit/pcie-p2p.json")
 SCHEMA = 1

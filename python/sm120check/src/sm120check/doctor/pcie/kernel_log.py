@@ -6,8 +6,7 @@ Lines picked (drivers/iommu/intel/dmar.c and iommu.c, drivers/iommu/amd/init.c):
     AMD-Vi: Interrupt remapping enabled
     iommu: Default domain type: Translated
     iommu: Default domain type: Passthrough (set via kernel command line)
-The log source is injectable (a callable giving lines); the doctor's is health/kernel_log's bounded /dev/kmsg read,
-else `journalctl -k -b`, else `dmesg`, each bounded.
+The lines come from health/kernel_log's bounded readers: /dev/kmsg, else `journalctl -k -b`, else `dmesg`.
 """
 
 from __future__ import annotations
@@ -16,13 +15,11 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sm120check.doctor import child
-
 MAX_LINES = 200_000
 MAX_KEPT = 40  # evidence lines kept
 _DOMAIN = re.compile(r"iommu: Default domain type: (?P<type>[A-Za-z]+)")
 
-LogSource = Callable[[], list[str]]
+LogSource = Callable[[], list[str]]  # the lines of a log (tests give their own)
 
 
 @dataclass(frozen=True)
@@ -73,30 +70,12 @@ def parse(lines: Iterable[str], source: str = "") -> IommuLog:
     return IommuLog(source, tuple(kept), domain, intel, amd)
 
 
-def _command(cmd: list[str]) -> list[str]:
-    done = child.run_command(cmd, timeout=6.0)
-    if done.returncode != 0:
-        raise OSError(f"{' '.join(cmd)} exited {done.returncode}")
-    return done.stdout[: 32 << 20].splitlines()
-
-
 def read() -> IommuLog:
-    """This boot's IOMMU lines from the first readable source; IommuLog.error when none is."""
+    """This boot's IOMMU lines from the first readable source; IommuLog.error when none is. They are written at
+    boot, so a log larger than the bound keeps its oldest part here (the Xid reader keeps the newest)."""
     from sm120check.doctor.health import kernel_log
 
-    problems: list[str] = []
-    sources: list[tuple[str, LogSource]] = [
-        ("/dev/kmsg", kernel_log.read_kmsg),
-        ("journalctl -k -b", lambda: _command(["journalctl", "-k", "-b", "--no-pager"])),
-        ("dmesg", lambda: _command(["dmesg"])),
-    ]
-    for name, source in sources:
-        try:
-            lines = source()
-        except OSError as exc:
-            problems.append(f"{name}: {exc}")
-            continue
-        if lines:
-            return parse(lines, name)
-        problems.append(f"{name}: no records")
-    return IommuLog(error="kernel log unreadable: " + "; ".join(problems))
+    log, problems = kernel_log.read_lines(newest=False)
+    if log is None:
+        return IommuLog(error="kernel log unreadable: " + "; ".join(problems))
+    return parse(log.lines, log.source)

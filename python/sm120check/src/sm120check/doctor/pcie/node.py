@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sm120check.bounded import Unreadable, read_text
 from sm120check.doctor.pcie import cmdline, fact_file, kernel_log, lspci, sysfs
-from sm120check.doctor.pcie.files import Unreadable, read_text
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def read(
     """Read the node's PCIe facts under `root` (the doctor: "/"); `log` None reads this boot's kernel log."""
     view = sysfs.read(root)
     try:
-        params: cmdline.KernelParams | None = cmdline.parse(read_text(root / "proc" / "cmdline"))
+        params: cmdline.KernelParams | None = cmdline.parse(read_text(root / "proc" / "cmdline", sysfs.ATTRIBUTE_BYTES))
         cmdline_error = ""
     except Unreadable as exc:
         params, cmdline_error = None, str(exc)

@@ -17,12 +17,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm120check.doctor.pcie.files import Unreadable, read_text
+from sm120check.bounded import Unreadable, read_text
 
 NVIDIA = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")
 MAX_DEVICES = 4096  # PCI functions listed (a big server has a few hundred)
 MAX_DEPTH = 32  # bridges between a device and its host bridge
+ATTRIBUTE_BYTES = 64 << 10  # sysfs attributes are one page; /proc/cmdline is at most a few KiB
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _GROUP = re.compile(r"^[0-9]{1,6}$")
 
@@ -130,7 +131,7 @@ def _group(root: Path, device: Path) -> tuple[str, str, str]:
     if not _inside(real, root) or not _GROUP.match(number):
         return "", "", f"iommu_group link to {real} is not an IOMMU group"
     try:
-        kind = read_text(root / "sys" / "kernel" / "iommu_groups" / number / "type").strip()
+        kind = read_text(root / "sys" / "kernel" / "iommu_groups" / number / "type", ATTRIBUTE_BYTES).strip()
     except Unreadable as exc:
         return number, "", str(exc)
     if len(kind) > 32 or not kind.replace("-", "").isalnum():

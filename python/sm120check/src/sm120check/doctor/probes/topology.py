@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sm120check import bounded
 from sm120check.comm.topology_parse import parse_lspci_acs
 from sm120check.doctor.child import emit
 from sm120check.doctor.payloads.topology import (
@@ -101,8 +102,9 @@ def _iommu_types(devices: tuple[NvmlDevice, ...]) -> dict[str, str]:
     for dev in devices:
         address = sysfs_address(dev.bus_id)
         try:
-            types[address] = (Path("/sys/bus/pci/devices") / address / "iommu_group" / "type").read_text().strip()
-        except OSError:
+            group_type = Path("/sys/bus/pci/devices") / address / "iommu_group" / "type"
+            types[address] = bounded.read_text(group_type, 4096, lenient=True).strip()
+        except bounded.Unreadable:
             continue
     return types
 
@@ -116,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         gpus = _all_gpus()
     nvml = _nvml(gpus)
     try:
-        cmdline = Path("/proc/cmdline").read_text().strip()
-    except OSError:
+        cmdline = bounded.read_text(Path("/proc/cmdline"), 64 << 10, lenient=True).strip()
+    except bounded.Unreadable:
         cmdline = ""
     lspci = run_text(["lspci", "-vvv"])
     if lspci.ok:

@@ -1,0 +1,213 @@
+"""Read a file anyone may have planted: bounded before it is read, regular files only, never blocking.
+
+Every whole-file read of the tools goes through here (the manifest, bench's prompt files and datasets, crossover's
+JSONL, verify-launch's log and launch command, fleet node files, sysfs and fact files, JIT stamps). A FIFO opened
+for reading blocks until a writer comes and /dev/zero never ends: the file is opened non-blocking and refused unless
+fstat says it is a regular file, and at most `limit + 1` bytes are read, so a file over the bound costs `limit`
+bytes of memory, never more. Text must be UTF-8; the error names the file, the line and the fix.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import os
+import signal
+import stat
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+UTF8_FIX = "convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8`)"
+_CHUNK = 1 << 16
+
+
+class Unreadable(Exception):
+    """Why a file could not be read (missing, not a regular file, over its bound, not UTF-8); the message names
+    the file and, for text, the line."""
+
+
+class Missing(Unreadable):
+    """No file at the path (or a link that leads nowhere)."""
+
+
+class TooLarge(Unreadable):
+    """Larger than the bound its reader set."""
+
+
+class NotText(Unreadable):
+    """Not UTF-8, or binary (NUL bytes); the message names the line and the fix."""
+
+
+def size_text(limit: int) -> str:
+    """`limit` bytes as a person reads it: 4 MiB, 64 KiB, 1 GiB, or a byte count."""
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if limit >= 1 << shift and limit % (1 << shift) == 0:
+            return f"{limit >> shift} {unit}"
+    return f"{limit} bytes"
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def open_regular(path: Path, follow: bool = True) -> int:
+    """A read-only descriptor of `path`, which must be a regular file (a link to one when `follow`); raises
+    Unreadable otherwise. Non-blocking, so a FIFO is refused instead of waiting for a writer."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise Unreadable(f"{path}: is a symbolic link, not followed here") from None
+        if exc.errno == errno.ENOENT:
+            raise Missing(f"{path}: {exc.strerror}") from None
+        if exc.errno == errno.ENXIO:  # a socket, or a FIFO without a writer on some systems
+            raise Unreadable(f"{path}: not a regular file") from None
+        raise Unreadable(f"{path}: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = _kind(mode)
+        raise Unreadable(
+            f"{path}: is {what}, not a regular file" if what != "not a regular file" else f"{path}: {what}"
+        )
+    return fd
+
+
+def _read_up_to(fd: int, path: Path, count: int) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while total < count:
+        try:
+            chunk = os.read(fd, min(_CHUNK, count - total))
+        except OSError as exc:
+            raise Unreadable(f"{path}: {exc.strerror or exc}") from None
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
+def read_bytes(path: Path, limit: int, follow: bool = True) -> bytes:
+    """The whole file, refused (Unreadable) when it is larger than `limit` bytes; never reads more than limit + 1."""
+    fd = open_regular(path, follow)
+    try:
+        data = _read_up_to(fd, path, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise TooLarge(f"{path}: larger than {size_text(limit)}, the bound on this file")
+    return data
+
+
+def read_tail(path: Path, limit: int) -> tuple[bytes, bool]:
+    """The last `limit` bytes of the file (the newest lines of a log) and whether the start was cut."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        cut = size > limit
+        if cut:
+            os.lseek(fd, size - limit, os.SEEK_SET)
+        data = _read_up_to(fd, path, limit)
+    finally:
+        os.close(fd)
+    return data, cut
+
+
+def decode(data: bytes, path: Path | str, nul_ok: bool = False) -> str:
+    """UTF-8 text (a BOM dropped); raises Unreadable naming the file, the line and the fix for anything else."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        start = exc.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)
+        line = data.count(b"\n", 0, start) + 1
+        column = start - (data.rfind(b"\n", 0, start) + 1) + 1
+        raise NotText(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[start]:02x} at column {column}); {UTF8_FIX}"
+        ) from None
+    if not nul_ok and "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise NotText(f"{path}:{line}: binary content (NUL bytes), not a text file")
+    return text
+
+
+def read_text(path: Path, limit: int, follow: bool = True, lenient: bool = False) -> str:
+    """`read_bytes` then `decode`: UTF-8 text of at most `limit` bytes, from a regular file. `lenient` (for what the
+    kernel writes: /proc, sysfs) replaces undecodable bytes instead of refusing the file."""
+    data = read_bytes(path, limit, follow)
+    return data.decode("utf-8", "replace") if lenient else decode(data, path)
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a command wrote, bounded: `data` is its newest (keep_newest) or first `limit` bytes of stdout."""
+
+    returncode: int  # negative: killed by that signal (-9 at the time bound)
+    data: bytes
+    cut: bool  # stdout was longer than the bound: some of it is left out
+    stderr: str  # its first 4 KiB
+    timed_out: bool = False
+
+
+def command_output(argv: Sequence[str], limit: int, timeout: float, keep_newest: bool = True) -> Output:
+    """Run `argv` (its own process group, killed whole at `timeout` s) and keep at most `limit` bytes of stdout:
+    the newest (a log's last lines) or the first (then the command is stopped once it has written them). Memory
+    stays at `limit` whatever it writes. Raises OSError when it cannot start."""
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen(
+            list(argv), stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        expired = threading.Event()
+
+        def kill() -> None:
+            expired.set()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        kept: collections.deque[bytes] = collections.deque()
+        size, cut, stopped = 0, False, False
+        try:
+            assert proc.stdout is not None
+            while chunk := proc.stdout.read(_CHUNK):
+                if not keep_newest and size + len(chunk) > limit:
+                    kept.append(chunk[: limit - size])
+                    cut = stopped = True
+                    kill()  # the rest is not wanted: stop the command instead of reading it
+                    break
+                kept.append(chunk)
+                size += len(chunk)
+                while keep_newest and size - len(kept[0]) >= limit:
+                    size -= len(kept.popleft())
+                    cut = True
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.stdout is not None:
+                proc.stdout.close()
+            if proc.poll() is None:
+                kill()
+                proc.wait()
+        errors.seek(0)
+        message = errors.read(4096).decode("utf-8", "replace")
+    data = b"".join(kept)
+    if len(data) > limit:
+        data, cut = data[-limit:], True
+    if stopped:
+        return Output(0, data, cut, message)  # stopped by us once it had written enough: not a failure
+    return Output(code, data, cut, message, expired.is_set())
