@@ -129,7 +129,8 @@ def plan(
     moves: dict[str, Move] = {}
     for name, version in sets.items():
         after = _with(after, name, version)
-        moves[name] = Move(stack.where(name), _value(stack, name), version, "you set it")
+        if _value(stack, name) != version:
+            moves[name] = Move(stack.where(name), _value(stack, name), version, "you set it")
     blockers: dict[tuple[str, str], Problem] = {}
     notes: list[str] = []
     for _ in range(MAX_ROUNDS):
@@ -245,7 +246,7 @@ def _companions_after(after: Stack, moves: Mapping[str, Move]) -> Stack:
 
 
 def render(result: Plan) -> list[str]:
-    lines = ["What moves:"] + [f"  {m.line()}" for m in result.moves]
+    lines = ["What moves:"] + [f"  {m.line()}" for m in result.moves] if result.moves else ["Nothing moves."]
     if result.blockers:
         lines.append("Blocked: these pins do not move with it (their metadata refuses the bump):")
         lines += [f"  {b.message()}" for b in result.blockers]

@@ -12,12 +12,12 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from sm120check.stack import pip, rules
-from sm120check.stack.model import Problem, Resolution, Sources, Stack, Status, Target, WheelMetadata, digest
+from sm120check.stack.model import Resolution, Sources, Stack, Status, Target, WheelMetadata, digest
 
 
 def cache_root() -> Path:
@@ -113,6 +113,15 @@ def resolve(
             pass  # an unreadable cache entry: resolve again
     deadline = time.monotonic() + timeout
     base = Resolution(Status.SKIPPED, key, target.describe(), sources.describe())
+    if sources.wheelhouse and not Path(sources.wheelhouse).is_dir():
+        return replace(
+            base,
+            reason=(
+                f"the node installs from its wheelhouse and no copy of it is on this machine at {sources.wheelhouse} "
+                "(preflight_resolve_wheelhouse; `make wheelhouse` builds one there). The wheelhouse was resolved by pip "
+                "when it was built, and preflight checks on the node that it was built for this manifest"
+            ),
+        )
     try:
         wheels = metadata(stack.pins(), target, sources, timeout=timeout, cache=cache)
     except pip.PipUnavailable as exc:
@@ -160,7 +169,3 @@ def render(resolution: Resolution) -> list[str]:
     if resolution.reason:
         lines.append(f"(pip's full resolution did not run: {resolution.reason})")
     return lines
-
-
-def problems_of(resolutions: Iterable[Resolution]) -> list[Problem]:
-    return [p for r in resolutions for p in r.problems]
