@@ -2,7 +2,8 @@
 
 Nothing is installed: `--dry-run` with `--target` (pip wants one for `--platform`) into an empty temporary directory,
 `--ignore-installed` so this machine's packages play no part, `--only-binary=:all:` as the node installs wheels only.
-Every run is bounded (`timeout`). This machine's pip constraint files are not applied (`PIP_CONSTRAINT=/dev/null`):
+Every run is bounded (`timeout`); `--retries 2` keeps an unreachable index short and makes pip say so (with no
+retry it fails silently, as if the wheel did not exist). This machine's pip constraint files are not applied (`PIP_CONSTRAINT=/dev/null`):
 they constrain its own environments, not the node's stack venv; its indexes, find-links and certificates are.
 """
 
@@ -48,7 +49,7 @@ class PipRun:
 def _command(requirements: Sequence[str], target: Target, sources: Sources, *, deps: bool, report: Path, where: Path):
     cmd = [
         sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--disable-pip-version-check",
-        "--no-input", "--progress-bar", "off", "--report", str(report), "--target", str(where),
+        "--no-input", "--progress-bar", "off", "--retries", "2", "--report", str(report), "--target", str(where),
         "--only-binary=:all:", "--implementation", "cp", "--python-version", target.python,
     ]  # fmt: skip
     for platform in target.platforms():
