@@ -11,7 +11,6 @@ from pathlib import Path
 from sm120check.stack.resolve import cache_root
 
 
-
 def wheels_dir() -> Path:
     return cache_root() / "wheels"
 
@@ -25,7 +24,17 @@ def flashinfer_wheel(version: str) -> Path:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(folder), f"flashinfer-python=={version}"],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "-d",
+            str(folder),
+            f"flashinfer-python=={version}",
+        ],
         check=True,
         timeout=900,
     )

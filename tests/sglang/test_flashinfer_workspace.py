@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # downloads the two FlashInfer wheels once (pip's
 
 
 def _site(tmp_path: Path, flashinfer: str, *, signal_pad: int | None = None) -> Path:
-    """A site-packages with SGLang 0.5.23 and FlashInfer `flashinfer`'s comm sources (optionally one constant changed)."""
+    """A site-packages with SGLang 0.5.23 and FlashInfer `flashinfer`'s comm sources (a constant changed if asked)."""
     site = tmp_path / "site-packages"
     shutil.copytree(release_dir("0.5.23") / "sglang", site / "sglang")
     wheel = flashinfer_wheel(flashinfer)
@@ -54,7 +54,7 @@ def test_the_scan_reads_flashinfer_0_7_4_beside_sglang_and_patches(tmp_path: Pat
 
 def test_a_flashinfer_newer_than_the_newest_checked_gets_a_warning_naming_it(tmp_path: Path) -> None:
     site = _site(tmp_path, "0.7.4")
-    status, text = run_cli("scan", "--source", str(site / "sglang"), "--cc", "12.0", "--flashinfer-version", "0.7.9")
+    _, text = run_cli("scan", "--source", str(site / "sglang"), "--cc", "12.0", "--flashinfer-version", "0.7.9")
     assert "warning: FlashInfer 0.7.9 is newer than 0.7.4, the newest release the preflight patch was checked" in text
     assert "its workspace constants match" in text
 

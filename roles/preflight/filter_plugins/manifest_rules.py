@@ -21,7 +21,9 @@ RELEASE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 VERSION = re.compile(r"[0-9]+(\.[0-9]+)+")
 # One exact PEP 440 version: release, pre-release, post, dev, local label (`2.14.1`, `0.5.24.dev0`, `2.15.0+cu130`,
 # `0.7.4rc1`, `0.5.24.dev3+g1a2b3c4`).
-EXACT_PIN = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[A-Za-z0-9]+(\.[A-Za-z0-9]+)*)?")
+EXACT_PIN = re.compile(
+    r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[A-Za-z0-9]+(\.[A-Za-z0-9]+)*)?"
+)
 DEV_OR_PRE = re.compile(r"((a|b|rc)[0-9]+|\.dev[0-9]+)(\+|\Z)")
 OLD_CUDA_NAME = re.compile(r"-cu1[0-2]\Z")
 OLD_CUDA_BUILD = re.compile(r"\+cu(1[0-2]|[0-9])[0-9]\Z")

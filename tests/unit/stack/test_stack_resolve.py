@@ -55,7 +55,9 @@ def test_the_torch_2_15_bump_is_refused_before_anything_changes_with_pips_confli
         "==13.2.2, but sm120kit_cuda_version is 13.0.1" in shown
     )
     assert "Fix: move the toolkit with it: sm120kit_cuda_version 13.2.2" in shown
-    assert "sglang 0.5.23 requires torch==2.14.1, but sm120kit_profiles.full.python_packages['torch'] is 2.15.0" in shown
+    assert (
+        "sglang 0.5.23 requires torch==2.14.1, but sm120kit_profiles.full.python_packages['torch'] is 2.15.0" in shown
+    )
     assert "sglang 0.5.23 requires flashinfer_python[cu13]==0.7.2" in shown
     assert "`sm120check stack plan --set torch=2.15.0`" in shown
 

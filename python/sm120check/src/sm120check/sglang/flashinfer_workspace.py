@@ -74,13 +74,14 @@ def _evaluate(node: ast.expr) -> int | None:
 
 
 def _workspace_multicast(module: ast.Module, rel: str) -> bool:
-    function = next(
-        (n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == WORKSPACE_FUNCTION), None
-    )
+    function = next((n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == WORKSPACE_FUNCTION), None)
     if function is None:
         raise UnreadableFlashInfer(f"{rel}: no {WORKSPACE_FUNCTION}")
     for node in ast.walk(function):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "SymmDeviceMemory":
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", "")) == "SymmDeviceMemory"
+        ):
             keyword = next((k for k in node.keywords if k.arg == "enable_multicast"), None)
             if keyword is None:
                 return True  # SymmDeviceMemory's default is enable_multicast=True
@@ -145,7 +146,11 @@ def check(package: Path | None, version: str | None) -> ConstantsCheck:
     written = f"FlashInfer {', '.join(CHECKED)}"
     if package is None:
         return ConstantsCheck(
-            version, "", None, (), (f"FlashInfer's files were not found: the preflight patch sizes with the constants of {written}",)
+            version,
+            "",
+            None,
+            (),
+            (f"FlashInfer's files were not found: the preflight patch sizes with the constants of {written}",),
         )
     try:
         found = read((package / MNNVL).read_text(encoding="utf-8"), (package / TRTLLM_AR).read_text(encoding="utf-8"))
@@ -189,4 +194,3 @@ def describe(result: ConstantsCheck) -> str:
         f"BarrierFlagCount {WRITTEN_FOR.barrier_flag_count}, enable_multicast=False)"
     )
     return line + "".join(f"; warning: {w}" for w in result.warnings)
-

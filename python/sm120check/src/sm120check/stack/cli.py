@@ -50,7 +50,12 @@ def register(subparsers: Subparsers) -> None:
     plan.add_argument("--write", action="store_true", help="write the moves into --stack when nothing blocks them")
     _target_arguments(plan)
     plan.set_defaults(handler=_plan)
-    stack.set_defaults(handler=lambda args: (stack.print_help(), Exit.USAGE)[1])
+
+    def _help(args: argparse.Namespace) -> int:
+        stack.print_help()
+        return Exit.USAGE
+
+    stack.set_defaults(handler=_help)
 
 
 def _target(args: argparse.Namespace) -> Target:
@@ -61,12 +66,17 @@ def _strings(value: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
 
 
+def _section(data: Mapping[str, object], key: str) -> Mapping[str, object]:
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def request_from_json(text: str) -> tuple[Stack, Target, Sources]:
-    """The preflight role's request: {"stack": {...}, "target": {...}, "sources": {...}}; ValueError naming a bad one."""
+    """The preflight role's request {"stack": {...}, "target": {...}, "sources": {...}}; ValueError naming a bad one."""
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError("the request is not a JSON object")
-    s, t, src = (data.get(k) if isinstance(data.get(k), dict) else {} for k in ("stack", "target", "sources"))
+    s, t, src = (_section(data, k) for k in ("stack", "target", "sources"))
     extra = _strings(s.get("extra_python_packages"))
     stack = Stack(
         profile=str(s.get("profile", "")),
@@ -77,7 +87,9 @@ def request_from_json(text: str) -> tuple[Stack, Target, Sources]:
         cuda_apt_version=str(s.get("cuda_apt_version", "")),
         extra_names=frozenset(extra),
     )
-    target = Target(python=str(t.get("python", "")), arch=str(t.get("arch", "")), glibc=str(t.get("glibc") or DEFAULT_GLIBC))
+    target = Target(
+        python=str(t.get("python", "")), arch=str(t.get("arch", "")), glibc=str(t.get("glibc") or DEFAULT_GLIBC)
+    )
     if not target.python or target.arch not in ("x86_64", "aarch64"):
         raise ValueError(f"target {t!r}: python (MAJOR.MINOR) and arch (x86_64 or aarch64) are required")
     urls = src.get("extra_index_urls")
@@ -125,7 +137,10 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"sm120check stack plan: {exc}", file=sys.stderr)
         return Exit.USAGE
     except resolve.MetadataError as exc:
-        print(f"sm120check stack plan: pip cannot find a pinned wheel for {target.describe()}:\n{exc.words}", file=sys.stderr)
+        print(
+            f"sm120check stack plan: pip cannot find a pinned wheel for {target.describe()}:\n{exc.words}",
+            file=sys.stderr,
+        )
         return Exit.FOUND
     except pip.PipUnavailable as exc:
         print(f"sm120check stack plan: no metadata to plan from: {exc}", file=sys.stderr)

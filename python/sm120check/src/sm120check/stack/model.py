@@ -50,7 +50,13 @@ class Sources:
 
     def pip_args(self) -> list[str]:
         if self.wheelhouse:
-            return ["--no-index", "--find-links", f"{self.wheelhouse}/python", "--find-links", f"{self.wheelhouse}/toolkit"]
+            return [
+                "--no-index",
+                "--find-links",
+                f"{self.wheelhouse}/python",
+                "--find-links",
+                f"{self.wheelhouse}/toolkit",
+            ]
         args = ["--index-url", self.index_url] if self.index_url else []
         for url in self.extra_index_urls:
             args += ["--extra-index-url", url]
@@ -155,7 +161,8 @@ class Problem:
     fix: str
 
     def message(self) -> str:
-        return f"{self.wheel} requires {self.requirement}, but {self.variable} is {self.pinned}: {self.why}. Fix: {self.fix}"
+        head = f"{self.wheel} requires {self.requirement}, but {self.variable} is {self.pinned}"
+        return f"{head}: {self.why}. Fix: {self.fix}"
 
 
 @dataclass(frozen=True)

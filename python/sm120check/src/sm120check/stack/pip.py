@@ -3,8 +3,9 @@
 Nothing is installed: `--dry-run` with `--target` (pip wants one for `--platform`) into an empty temporary directory,
 `--ignore-installed` so this machine's packages play no part, `--only-binary=:all:` as the node installs wheels only.
 Every run is bounded (`timeout`); `--retries 2` keeps an unreachable index short and makes pip say so (with no
-retry it fails silently, as if the wheel did not exist). This machine's pip constraint files are not applied (`PIP_CONSTRAINT=/dev/null`):
-they constrain its own environments, not the node's stack venv; its indexes, find-links and certificates are.
+retry it fails silently, as if the wheel did not exist). This machine's pip constraint files are not applied
+(`PIP_CONSTRAINT=/dev/null`): they constrain its own environments, not the node's stack venv; its indexes,
+find-links and certificates are.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ class PipRun:
     seconds: float
 
 
-def _command(requirements: Sequence[str], target: Target, sources: Sources, *, deps: bool, report: Path, where: Path):
+def _command(
+    requirements: Sequence[str], target: Target, sources: Sources, *, deps: bool, report: Path, where: Path
+) -> list[str]:
     cmd = [
         sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--disable-pip-version-check",
         "--no-input", "--progress-bar", "off", "--retries", "2", "--report", str(report), "--target", str(where),
@@ -82,7 +85,13 @@ def run(
         cmd = _command(requirements, target, sources, deps=deps, report=report, where=Path(scratch) / "target")
         try:
             done = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=timeout, check=False, env=_environment(), stdin=subprocess.DEVNULL
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                env=_environment(),
+                stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired:
             raise PipUnavailable(f"pip did not finish within {timeout:.0f} s (preflight_resolve_timeout)") from None
@@ -124,7 +133,9 @@ def conflict_words(words: str) -> str:
     lines = words.splitlines()
     errors = [line.rstrip() for line in lines if line.startswith("ERROR:") and "ResolutionImpossible" not in line]
     block: list[str] = []
-    for line in lines[next((i for i, line in enumerate(lines) if line.startswith("The conflict is caused by")), len(lines)) :]:
+    for line in lines[
+        next((i for i, line in enumerate(lines) if line.startswith("The conflict is caused by")), len(lines)) :
+    ]:
         if block and not line.strip():
             break
         block.append(line.rstrip())

@@ -156,10 +156,13 @@ def plan(
                 if _holds(req.name, req.specifier, value):
                     continue
                 exact = req.specifier.exact()
-                if moved and exact is not None and moves.get(req.name, None) is None:
+                if moved and exact is not None and moves.get(req.name) is None:
                     after = _with(after, req.name, exact)
                     moves[req.name] = Move(
-                        stack.where(req.name), _value(stack, req.name), exact, f"{wheel.name} {wheel.version} requires {req.short()}"
+                        stack.where(req.name),
+                        _value(stack, req.name),
+                        exact,
+                        f"{wheel.name} {wheel.version} requires {req.short()}",
                     )
                     changed = True
                 else:
@@ -171,7 +174,9 @@ def plan(
     if after.cuda_version != stack.cuda_version and stack.cuda_apt_version:
         apt = f"{after.cuda_version}-1"
         after = replace(after, cuda_apt_version=apt)
-        moves["apt"] = Move("sm120kit_cuda_apt_version", stack.cuda_apt_version, apt, "the apt method's release of the toolkit")
+        moves["apt"] = Move(
+            "sm120kit_cuda_apt_version", stack.cuda_apt_version, apt, "the apt method's release of the toolkit"
+        )
         notes.append(
             f"sm120kit_cuda_apt_version {apt} is the apt package's usual revision: with cuda_toolkit_method=apt, "
             f"check NVIDIA's repository has cuda-toolkit-{after.cuda_version.rsplit('.', 1)[0].replace('.', '-')}={apt}"
@@ -213,7 +218,9 @@ def _move_component(after: Stack, stack: Stack, toolkit: str, req: pep440.Requir
         return False
     if after.cuda_version == stack.cuda_version:
         return False  # the toolkit did not move: its own metadata does not move the components
-    moves[req.name] = Move(stack.where(req.name), components[req.name], exact, f"cuda-toolkit {toolkit} requires {req.short()}")
+    moves[req.name] = Move(
+        stack.where(req.name), components[req.name], exact, f"cuda-toolkit {toolkit} requires {req.short()}"
+    )
     return True
 
 

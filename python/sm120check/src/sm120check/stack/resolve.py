@@ -83,7 +83,9 @@ def metadata(
         else:
             missing[name] = version
     if missing:
-        answer = pip.run([f"{n}=={v}" for n, v in sorted(missing.items())], target, sources, deps=False, timeout=timeout)
+        answer = pip.run(
+            [f"{n}=={v}" for n, v in sorted(missing.items())], target, sources, deps=False, timeout=timeout
+        )
         if not answer.ok:
             raise MetadataError(pip.conflict_words(answer.words))
         for wheel in answer.wheels:
@@ -118,7 +120,8 @@ def resolve(
             base,
             reason=(
                 f"the node installs from its wheelhouse and no copy of it is on this machine at {sources.wheelhouse} "
-                "(preflight_resolve_wheelhouse; `make wheelhouse` builds one there). The wheelhouse was resolved by pip "
+                "(preflight_resolve_wheelhouse; `make wheelhouse` builds one there). The wheelhouse was resolved by "
+                "pip "
                 "when it was built, and preflight checks on the node that it was built for this manifest"
             ),
         )
@@ -132,7 +135,9 @@ def resolve(
         return verdict
     problems = rules.requirement_problems(stack, list(wheels.values()))
     try:
-        answer = pip.run(stack.requirements(), target, sources, deps=True, timeout=max(1.0, deadline - time.monotonic()))
+        answer = pip.run(
+            stack.requirements(), target, sources, deps=True, timeout=max(1.0, deadline - time.monotonic())
+        )
     except pip.PipUnavailable as exc:
         if problems:  # the metadata alone refuses the manifest
             verdict = replace(base, status=Status.CONFLICT, problems=tuple(problems), reason=str(exc))

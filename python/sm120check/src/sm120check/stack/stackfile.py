@@ -40,7 +40,9 @@ def load(path: Path) -> dict[str, Any]:
     except Exception as exc:  # yaml.YAMLError, without importing it at module level
         raise StackFileError(f"{path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict) or "sm120kit_profiles" not in data:
-        raise StackFileError(f"{path} has no sm120kit_profiles: pass the stack manifest (inventory/group_vars/all/stack.yml)")
+        raise StackFileError(
+            f"{path} has no sm120kit_profiles: pass the stack manifest (inventory/group_vars/all/stack.yml)"
+        )
     return data
 
 
