@@ -387,3 +387,41 @@ def test_the_role_variables_preflight_passes_are_the_ones_the_rules_check() -> N
     for name in names:  # each is a variable of its role
         role = next(r for r in _rules().ROLES if name.startswith(r + "_"))
         assert name in yaml.safe_load((ROOT / f"roles/{role}/defaults/main.yml").read_text()), name
+
+
+@pytest.mark.parametrize(
+    ("version", "warning"),
+    [
+        ("0.5.24.dev0", "'0.5.24.dev0' is a development or pre-release build: accepted"),
+        ("0.5.24rc1", "'0.5.24rc1' is a development or pre-release build: accepted"),
+        ("0.5.24.dev3+g1a2b3c4", "'0.5.24.dev3+g1a2b3c4' is a local build (local tag '+g1a2b3c4'"),
+        ("0.5.23+g1a2b3c4", "'0.5.23+g1a2b3c4' is a local build (local tag '+g1a2b3c4', e.g. a git build): accepted"),
+    ],
+)
+def test_dev_and_local_builds_are_accepted_with_a_warning(version: str, warning: str) -> None:
+    settings = shipped_settings()
+    settings["profiles"]["full"]["python_packages"]["sglang"] = version
+    assert manifest_problems(settings) == []
+    warnings = _rules().manifest_warnings(settings)
+    assert any(warning in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize(
+    ("version", "reason"),
+    [
+        ("2.14.1+cpu", "(local tag '+cpu', a CPU-only build)"),
+        ("2.14.1+rocm6.4", "(local tag '+rocm6.4', a ROCm (AMD GPU) build)"),
+        ("2.14.1+xpu", "(local tag '+xpu', an Intel GPU (XPU) build)"),
+    ],
+)
+def test_a_build_for_another_device_is_refused_with_the_device_it_names(version: str, reason: str) -> None:
+    settings = shipped_settings()
+    settings["profiles"]["full"]["python_packages"]["torch"] = version
+    problems = manifest_problems(settings)
+    assert any(f"'{version}' is not a CUDA 13 build {reason}" in p for p in problems), problems
+
+
+def test_release_and_cuda_13_pins_raise_no_version_warning() -> None:
+    settings = shipped_settings()
+    settings["profiles"]["full"]["python_packages"]["torch"] = "2.14.1+cu130"
+    assert _rules().manifest_warnings(settings) == []

@@ -33,8 +33,18 @@ def test_missing_allreduce_fusion_module_warns_how_long_the_first_start_blocks(t
     assert result.status is Status.WARN
     # trtllm_comm alone: 260-340 s measured for 90a (jitcache.cost); an SM120 node's 120f was never timed
     assert "trtllm_comm not cached" in result.summary
-    assert "an unmeasured time (260-340 s for 90a on H200; 120f not timed yet)" in result.summary
+    assert (
+        "an unmeasured time (260-340 s measured with FlashInfer 0.7.2, nvcc 13.0.88, target 90a on H200; "
+        "120f not timed yet)" in result.summary
+    )
     assert result.data["blocking_seconds_measured"] is False
+    # where the figures come from, and what a load would really do
+    sources = result.data["blocking_seconds_sources"]
+    assert isinstance(sources, list)
+    assert any("docs/validation/2026-12-01-h200-jit-builder" in s for s in sources)
+    assert "trtllm_comm: a load would build the whole module (write build.ninja, compile every source, link)" in (
+        result.details
+    )
     assert result.remedy.startswith("ansible-playbook site.yml --tags flashinfer_jit ")
 
 
@@ -80,3 +90,17 @@ def test_a_release_without_sm120_kernels_has_nothing_to_warm(tmp_path: Path, mon
     monkeypatch.setattr(flashinfer_jit_check, "flashinfer_version", lambda ctx: "0.6.10")
     result = FlashinferJitCheck().run(Context(manifest=_manifest(tmp_path, {"FLASHINFER_CUDA_ARCH_LIST": "12.0f"})))
     assert result.status is Status.SKIP and "no serving JIT module for target 120f" in result.summary
+
+
+def test_another_flashinfer_release_on_the_measured_target_is_said_to_be_unmeasured(tmp_path: Path) -> None:
+    """The table is FlashInfer 0.7.2's: a 0.7.4 node on 90a gets the figures labelled, not passed off as its own."""
+    result = judge(module_rows(tmp_path, "0.7.4", "90a", ["trtllm_comm"], ninja()), "here", "90a", "0.7.4")
+    assert "an unmeasured time (260-340 s measured with FlashInfer 0.7.2" in result.summary
+    assert "FlashInfer 0.7.4 not timed yet" in result.summary
+    assert result.data["blocking_seconds_measured"] is False
+
+
+def test_the_measured_setup_says_what_it_measured(tmp_path: Path) -> None:
+    result = judge(module_rows(tmp_path, "0.7.2", "90a", ["trtllm_comm"], ninja()), "here", "90a", "0.7.2")
+    assert "~260-340 s (measured with FlashInfer 0.7.2, nvcc 13.0.88, target 90a on H200)" in result.summary
+    assert result.data["blocking_seconds_measured"] is True

@@ -47,3 +47,11 @@ def test_module_copied_to_another_cache_path_is_not_cached(tmp_path: Path) -> No
     shutil.copytree(directory, moved)
     verdict = dry_run(moved, ninja())
     assert not verdict.clean and "written for another cache path" in verdict.summary()
+
+
+def test_a_module_never_built_here_says_a_load_builds_all_of_it(tmp_path: Path) -> None:
+    """Not "a load would run 0 build command(s)": with no build file ninja cannot count, and a load builds it all."""
+    summary = dry_run(module_dir(tmp_path), ninja()).summary()
+    assert summary.startswith("a load would build the whole module (write build.ninja, compile every source, link): ")
+    assert "build.ninja is missing (never built here)" in summary
+    assert "0 build command" not in summary

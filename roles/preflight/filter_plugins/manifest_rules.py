@@ -19,10 +19,22 @@ from typing import Any
 WHERE = " (inventory/group_vars/all/stack.yml or your inventory)"
 RELEASE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 VERSION = re.compile(r"[0-9]+(\.[0-9]+)+")
-EXACT_PIN = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\+[A-Za-z0-9.]+)?")
+# One exact PEP 440 version: release, pre-release, post, dev, local label (`2.14.1`, `0.5.24.dev0`, `2.15.0+cu130`,
+# `0.7.4rc1`, `0.5.24.dev3+g1a2b3c4`).
+EXACT_PIN = re.compile(
+    r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[A-Za-z0-9]+(\.[A-Za-z0-9]+)*)?"
+)
+DEV_OR_PRE = re.compile(r"((a|b|rc)[0-9]+|\.dev[0-9]+)(\+|\Z)")
 OLD_CUDA_NAME = re.compile(r"-cu1[0-2]\Z")
 OLD_CUDA_BUILD = re.compile(r"\+cu(1[0-2]|[0-9])[0-9]\Z")
 CUDA13_BUILD = re.compile(r"\+cu13[0-9]\Z")
+# Local labels that name a build for another device: refused, with the device they name.
+OTHER_DEVICE_BUILD = {
+    "cpu": "a CPU-only build",
+    "rocm": "a ROCm (AMD GPU) build",
+    "xpu": "an Intel GPU (XPU) build",
+    "hpu": "a Gaudi (HPU) build",
+}
 # PEP 508 names: no spaces, no shell characters, no pip options, no newlines.
 PACKAGE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -269,10 +281,10 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
                 f"python package '{name}': '{version}' is a CUDA 12 (or older) build; use a CUDA 13 build "
                 f"(no local tag on PyPI, or +cu130) ({source})"
             )
-        elif "+" in version and not CUDA13_BUILD.search(version):
+        elif "+" in version and _other_device(version):
             problems.append(
                 f"python package '{name}': '{version}' is not a CUDA 13 build (local tag "
-                f"'+{version.split('+', 1)[1]}', e.g. a CPU or ROCm wheel); use the PyPI build without a local tag "
+                f"'+{version.split('+', 1)[1]}', {_other_device(version)}); use the PyPI build without a local tag "
                 f"or +cu130 ({source})"
             )
 
@@ -353,6 +365,12 @@ def manifest_problems(s: Mapping[str, Any]) -> list[str]:
         problems += _http_problems("cuda_toolkit_apt_mirror", str(mirror), s)
     problems += _role_var_problems(s, component_releases)
     return problems
+
+
+def _other_device(version: str) -> str:
+    """What device a local label such as `+cpu` or `+rocm6.4` builds for, or "" (a CUDA or an unknown local build)."""
+    label = version.split("+", 1)[1].lower() if "+" in version else ""
+    return next((what for prefix, what in OTHER_DEVICE_BUILD.items() if label.startswith(prefix)), "")
 
 
 def _major_minor(version: str) -> str:
@@ -494,8 +512,9 @@ SECRET_NAME = re.compile(r".*(TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH).
 
 
 def manifest_warnings(s: Mapping[str, Any]) -> list[str]:
-    """Things that work but should not be done: secrets in the environment every user can read."""
-    warnings: list[str] = []
+    """Things that work but should be known: secrets in the environment every user can read, development and
+    local builds among the pins."""
+    warnings: list[str] = _version_warnings(s)
     for source in ("env", "env_overrides"):
         variables = s.get(source) or {}
         if not isinstance(variables, Mapping):
@@ -508,6 +527,32 @@ def manifest_warnings(s: Mapping[str, Any]) -> list[str]:
                     "read (and to /etc/sm120kit/manifest.json, root only). Give secrets to the service that needs "
                     "them instead (a root-only EnvironmentFile, a credential store), not to sm120kit_env_overrides"
                 )
+    return warnings
+
+
+def _version_warnings(s: Mapping[str, Any]) -> list[str]:
+    """Exact pins that are development, pre-release or local builds: accepted (pip installs exactly them), said."""
+    profiles = s.get("profiles") or {}
+    profile = (profiles.get(str(s.get("profile", ""))) or {}) if isinstance(profiles, Mapping) else {}
+    extra = s.get("extra_python_packages")
+    pins = {**(profile.get("python_packages") or {}), **(extra if isinstance(extra, Mapping) else {})}
+    warnings = []
+    for name, version in pins.items():
+        version = str(version)
+        if not EXACT_PIN.fullmatch(version) or OLD_CUDA_BUILD.search(version) or _other_device(version):
+            continue  # refused by manifest_problems
+        if DEV_OR_PRE.search(version):
+            warnings.append(
+                f"python package '{name}': '{version}' is a development or pre-release build: accepted because the "
+                "pin is exact, but no release of it has been validated with sm120kit; the index or wheelhouse must "
+                "carry it (preflight's resolution says whether it does)"
+            )
+        if "+" in version and not CUDA13_BUILD.search(version):
+            warnings.append(
+                f"python package '{name}': '{version}' is a local build (local tag '+{version.split('+', 1)[1]}', "
+                "e.g. a git build): accepted, but its version does not say which CUDA it was built for; the "
+                "doctor's abi and torch checks read that from the installed wheel on the node"
+            )
     return warnings
 
 

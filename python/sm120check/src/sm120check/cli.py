@@ -61,6 +61,12 @@ def _jit(subparsers: Subparsers) -> None:
     cli.register(subparsers)
 
 
+def _stack(subparsers: Subparsers) -> None:
+    from sm120check.stack import cli
+
+    cli.register(subparsers)
+
+
 # Subcommand name -> its registrar, in `--help` order.
 REGISTER: dict[str, Callable[[Subparsers], None]] = {
     "doctor": _doctor,
@@ -69,6 +75,7 @@ REGISTER: dict[str, Callable[[Subparsers], None]] = {
     "bench": _bench,
     "crossover": _crossover,
     "jit": _jit,
+    "stack": _stack,
 }
 
 

@@ -29,11 +29,16 @@ class NinjaVerdict:
     clean: bool  # a load runs no command
     commands: int  # commands a load would run (compiles and links)
     reasons: tuple[str, ...]  # ninja's own explanations, first ones
+    # A load builds the module from nothing (no build file, or one written for another path): ninja cannot count
+    # the commands before FlashInfer writes the build file, so `commands` is 0 although every source compiles.
+    whole: bool = False
 
     def summary(self) -> str:
         if self.clean:
             return "ninja has no work: loads without compiling"
         why = self.reasons[0] if self.reasons else "ninja gave no reason"
+        if self.whole:
+            return f"a load would build the whole module (write build.ninja, compile every source, link): {why}"
         return f"a load would run {self.commands} build command(s): {why}"
 
 
@@ -62,7 +67,7 @@ def ninja_version(ninja: str | None) -> str:
 def dry_run(module_dir: Path, ninja: str = "ninja", timeout: float = 60.0) -> NinjaVerdict:
     build_file = module_dir / "build.ninja"
     if not build_file.is_file():
-        return NinjaVerdict(False, 0, (f"{build_file} is missing (never built here)",))
+        return NinjaVerdict(False, 0, (f"{build_file} is missing (never built here)",), whole=True)
     try:
         elsewhere = foreign_target(build_file)
     except bounded.Unreadable as exc:
@@ -72,6 +77,7 @@ def dry_run(module_dir: Path, ninja: str = "ninja", timeout: float = 60.0) -> Ni
             False,
             0,
             (f"{build_file} builds {elsewhere}: written for another cache path, a load rewrites and rebuilds",),
+            whole=True,
         )
     try:
         out = subprocess.run(

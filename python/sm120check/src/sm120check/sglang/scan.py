@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sm120check.sglang import eagle, fusion_gates, preflight, symm_mem_gates
+from sm120check.sglang import eagle, flashinfer_workspace, fusion_gates, preflight, symm_mem_gates
 from sm120check.sglang.tree import FLASHINFER_MIN_FOR_SM120, ComputeCapability, SourceTree, parse_flashinfer_version
 
 
@@ -29,6 +29,8 @@ class ScanReport:
     eagle: eagle.EagleScan
     findings: tuple[Finding, ...]
     preflight: preflight.PreflightScan | None = None
+    # FlashInfer's workspace constants, read when the preflight patch would apply (None: it would not)
+    workspace_constants: flashinfer_workspace.ConstantsCheck | None = None
 
     @property
     def needs_patch(self) -> bool:
@@ -57,6 +59,7 @@ class ScanReport:
             "fusion_gates": [asdict(g) for g in self.gates],
             "eagle3": eagle.to_dict(self.eagle),
             "workspace_preflight": asdict(self.preflight) if self.preflight else None,
+            "flashinfer_workspace_constants": asdict(self.workspace_constants) if self.workspace_constants else None,
             "findings": [asdict(f) for f in self.findings],
         }
 
@@ -104,7 +107,12 @@ def _auto_enable_finding(
     return Finding(fid, False, True, summary, gate.path)
 
 
-def _preflight_finding(workspace: preflight.PreflightScan, cc: ComputeCapability, flashinfer: str | None) -> Finding:
+def _preflight_finding(
+    workspace: preflight.PreflightScan,
+    cc: ComputeCapability,
+    flashinfer: str | None,
+    constants: flashinfer_workspace.ConstantsCheck | None = None,
+) -> Finding:
     where = f"workspace preflight {workspace.function}"
     if not workspace.queries_multicast:
         how = " (sized as FlashInfer allocates, by sm120check)" if workspace.relaxed else ""
@@ -122,6 +130,12 @@ def _preflight_finding(workspace: preflight.PreflightScan, cc: ComputeCapability
         return Finding(PREFLIGHT_ID, False, False, problem + reason, workspace.path)
     if parse_flashinfer_version(flashinfer) < preflight.FLASHINFER_NON_MULTICAST:
         reason = f"; FlashInfer {flashinfer} < {need} may allocate differently, left as is"
+        return Finding(PREFLIGHT_ID, False, False, problem + reason, workspace.path)
+    if constants is not None and not constants.agrees:
+        reason = (
+            f"; FlashInfer {flashinfer} sizes its workspace otherwise than the patch was written for "
+            f"({'; '.join(constants.differences)}): left as is until sm120check learns the new sizes"
+        )
         return Finding(PREFLIGHT_ID, False, False, problem + reason, workspace.path)
     fix = f", although FlashInfer {flashinfer} creates that workspace without multicast"
     return Finding(PREFLIGHT_ID, False, True, problem + fix, workspace.path)
@@ -176,8 +190,11 @@ def run(tree: SourceTree, cc: ComputeCapability, flashinfer: str | None, flashin
     findings += [_gate_finding(g, cc, flashinfer) for g in gates if g.kind != "auto-enable"]
     findings += [f for f in (_auto_enable_finding(g, cc, flashinfer) for g in gates if g.kind == "auto-enable") if f]
     workspace = preflight.scan(tree)
+    constants = None
     if workspace is not None:
-        findings.append(_preflight_finding(workspace, cc, flashinfer))
+        if workspace.queries_multicast and flashinfer is not None and cc.major in preflight.TRTLLM_MAJORS:
+            constants = flashinfer_workspace.check(flashinfer_workspace.locate(tree.root), flashinfer)
+        findings.append(_preflight_finding(workspace, cc, flashinfer, constants))
     # EAGLE-3: patchable gaps (eagle3:), inner models without the methods (eagle3-unsupported:), inner classes
     # chosen at run time (eagle3-runtime:) and delegations some inner classes cannot answer (eagle3-partial:).
     findings += [Finding(*f) for f in eagle.findings(found)]
@@ -192,6 +209,7 @@ def run(tree: SourceTree, cc: ComputeCapability, flashinfer: str | None, flashin
         found,
         tuple(findings),
         preflight=workspace,
+        workspace_constants=constants,
     )
 
 
@@ -215,6 +233,8 @@ def render(report: ScanReport) -> str:
         if g.kind == "auto-enable" and g.path not in crashing:
             admits = "admits" if report.cc.major in g.majors else "does not admit"
             lines.append(f"  note auto-enable `{g.expression}` in {g.path} {admits} {report.cc.major}; not patched")
+    if report.workspace_constants is not None:
+        lines.append(f"  note {flashinfer_workspace.describe(report.workspace_constants)}")
     if report.needs_patch:
         lines.append("fix: sm120check sglang patch" + (f" --source {report.source}" if report.source else ""))
     return "\n".join(lines)

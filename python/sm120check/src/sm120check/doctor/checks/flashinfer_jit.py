@@ -54,7 +54,7 @@ def module_rows(
         directory = layout.module_dir(root, version, arch, name)
         library = directory / f"{name}.so"
         if not library.is_file():
-            verdict = NinjaVerdict(False, 0, (f"{library} is missing",))
+            verdict = NinjaVerdict(False, 0, (f"{library} is missing",), whole=True)
         elif ninja is None:
             verdict = NinjaVerdict(False, 0, (NO_NINJA,))
         else:
@@ -65,21 +65,26 @@ def module_rows(
                 "module": name,
                 "cached": verdict.clean,
                 "dir": str(directory),
-                "why": verdict.summary() if library.is_file() and ninja else verdict.reasons[0],
+                "why": verdict.summary() if verdict.whole or ninja else verdict.reasons[0],
                 "from": stamp.get("built_on", ""),
             }
         )
     return rows
 
 
-def judge(rows: Sequence[Mapping[str, Any]], where: str, arch: str) -> Result:
+def judge(rows: Sequence[Mapping[str, Any]], where: str, arch: str, flashinfer: str | None = None) -> Result:
     missing = [r for r in rows if not r["cached"]]
     data: dict[str, Any] = {"cache": where, "modules": [dict(r) for r in rows]}
     if not missing:
         names = ", ".join(str(r["module"]) for r in rows)
         return _result(Status.PASS, f"{names} cached in {where}: a load compiles nothing", data=data)
-    wait = cost.estimate((str(r["module"]) for r in missing), arch)
-    data.update(blocking_seconds_min=wait.low, blocking_seconds_max=wait.high, blocking_seconds_measured=wait.measured)
+    wait = cost.estimate((str(r["module"]) for r in missing), arch, flashinfer)
+    data.update(
+        blocking_seconds_min=wait.low,
+        blocking_seconds_max=wait.high,
+        blocking_seconds_measured=wait.measured,
+        blocking_seconds_sources=cost.sources(str(r["module"]) for r in missing),
+    )
     names = ", ".join(str(r["module"]) for r in missing)
     return _result(
         Status.WARN,
@@ -133,7 +138,7 @@ class FlashinferJitCheck:
         root = layout.cache_root(env)
         ninja = find_ninja(env)
         rows = module_rows(root, version, arch, wanted, ninja, aot_dirs(ctx))
-        return judge(rows, str(layout.workspace_dir(root, version, arch)), arch)
+        return judge(rows, str(layout.workspace_dir(root, version, arch)), arch, version)
 
 
 CHECKS = (FlashinferJitCheck,)
