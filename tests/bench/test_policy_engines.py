@@ -50,7 +50,8 @@ def analysis(crossover: float, spec_steps: int | None = 3) -> Analysis:
 
 
 def policies(crossover: float, steps: int = 3, **kw: object) -> Policies:
-    return make_policies(analysis(crossover), steps, **kw)  # type: ignore[arg-type]
+    """The three-tier policy (the reduced tier asked for), so every tier meets every engine's lookup."""
+    return make_policies(analysis(crossover), steps, **{"reduced_tier": True, **kw})  # type: ignore[arg-type]
 
 
 def expected_tier(p: Policies, bs: int, off_at: int, reduced_from: int | None) -> str:
@@ -219,6 +220,24 @@ def test_trtllm_old_output_with_max_concurrency_is_refused() -> None:
     )
     with pytest.raises(TrtllmConfigError, match="mutually exclusive"):
         trtllm_validate_eagle3(yaml.safe_load(old)["speculative_config"])
+
+
+def test_by_default_speculation_stays_full_up_to_the_off_point(tmp_path: Path) -> None:
+    """The H200 run's crossover (13.2): no one-step tier unless asked for; SGLang's release routes every batch below
+    the off slot to full speculation."""
+    p = make_policies(analysis(13.2), 3)
+    assert p.reduced_from is None and p.sglang.reduced_from is None
+    assert p.sglang.config == {"1": {"candidate_steps": [1, 3]}, "13": {"candidate_steps": [0]}}
+    assert p.vllm_per_batch_size == [[1, 13, 3], [14, 1024, 0]]
+    write_policy_files(tmp_path, p)
+    release = sglang_release("0.5.16")
+    params = release.adaptive_params(initial_steps=3, cfg_path=str(tmp_path / "sglang-spec-adaptive.json"))
+    params.set_cuda_graph_bs(release.capture_sizes(256))
+    assert {bs: params._route(bs).candidate_steps for bs in (1, 6, 10, 12, 13, 30)} == {
+        1: [1, 3], 6: [1, 3], 10: [1, 3], 12: [1, 3], 13: [0], 30: [0]
+    }  # fmt: skip
+    with_tier = make_policies(analysis(13.2), 3, reduced_tier=True)
+    assert with_tier.sglang.config["6"] == {"candidate_steps": [0, 1]}
 
 
 # --- steps and the CLI --------------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """Turn a measured crossover into settings serving engines and routers accept.
 
-All of them say the same thing: full speculation well below the crossover, reduced speculation (one draft step)
-in the half-decade below it, none at and above it. The engines key on the running batch size, which equals the
+All of them say the same thing: full speculation below the crossover, none at and above it; with
+`reduced_tier`, reduced speculation (one draft step) in the half-decade below it. The reduced tier is opt-in: the
+two sweeps measure full speculation and none, not one step, and on a real SGLang 0.5.16 server (H200, 2026-12-02)
+full speculation still paid 6.8 % at C=10, inside the half-decade below a crossover at 13.2 where the tier would
+have given it up. The engines key on the running batch size, which equals the
 client concurrency while concurrency stays below the server's max running requests. Formats, each checked against
 the engine's own code (tests/bench/test_policy_engines.py):
 - SGLang 0.5.14+: `--speculative-adaptive --speculative-adaptive-config FILE`, FILE a JSON object keyed by the
@@ -111,6 +114,7 @@ def make_policies(
     max_bs: int = 1024,
     draft_model: str | None = None,
     draft_floor: int = 1,
+    reduced_tier: bool = False,
 ) -> Policies:
     """Policies for the analysis' interpolated crossover. Raises PolicyError when there is no crossover to use or
     the draft length is unknown."""
@@ -127,7 +131,7 @@ def make_policies(
     value = cross.value
     off_at = max(2, math.ceil(value))
     reduced = max(2, math.floor(value / 2))
-    reduced_from = reduced if reduced < off_at else None
+    reduced_from = reduced if reduced_tier and reduced < off_at else None
     top = max(max_bs, off_at)
 
     vllm: list[list[int]] = []
