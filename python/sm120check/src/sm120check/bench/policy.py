@@ -3,8 +3,8 @@
 All of them say the same thing: full speculation below the crossover, none at and above it; with
 `reduced_tier`, reduced speculation (one draft step) in the half-decade below it. The reduced tier is opt-in: the
 two sweeps measure full speculation and none, not one step, and on a real SGLang 0.5.16 server (H200, 2026-12-02)
-full speculation still paid 6.8 % at C=10, inside the half-decade below a crossover at 13.2 where the tier would
-have given it up. The engines key on the running batch size, which equals the
+full speculation measured 6.8 % ahead at C=10 (one run, its window halves 24 % apart), inside the half-decade below
+a crossover at 13.2 where the tier would have given it up. The engines key on the running batch size, which equals the
 client concurrency while concurrency stays below the server's max running requests. Formats, each checked against
 the engine's own code (tests/bench/test_policy_engines.py):
 - SGLang 0.5.14+: `--speculative-adaptive --speculative-adaptive-config FILE`, FILE a JSON object keyed by the
