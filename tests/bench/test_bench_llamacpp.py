@@ -214,6 +214,28 @@ def test_a_closed_loop_duration_drains_its_requests_so_the_servers_count_is_the_
         assert 0 < r.output_tokens < 64 * len(r.per_request)  # the window holds some, not all, of them
 
 
+def test_min_lifetimes_extends_a_short_duration_window_until_it_spans_them(llama_plain: Sim, tmp_path: Path) -> None:
+    """0.2 s of window is a few lifetimes of a 24-token request; --min-lifetimes 12 holds the window open until it
+    spans 12 (the bench's own lifetimes figure says so), and it is refused without a closed-loop --duration."""
+    out = tmp_path / "r.jsonl"
+    extra = (
+        "--concurrency",
+        "2",
+        "--duration",
+        "0.2",
+        "--min-lifetimes",
+        "12",
+        "--output-len",
+        "24",
+        "--api",
+        "openai-chat",
+    )
+    assert run_subcommand("bench", "--url", llama_plain.url, "--quiet", "--out", str(out), *extra) == 0
+    (r,) = read_jsonl(out)
+    assert r.window_lifetimes is not None and r.window_lifetimes >= 11, (r.window_lifetimes, r.window_s)
+    assert run_subcommand("bench", "--url", llama_plain.url, "--quiet", "--min-lifetimes", "12") == 2
+
+
 def test_the_default_request_count_gives_four_per_worker() -> None:
     # defect 9: 2 per worker left the slope off by up to 11 %
     assert [default_requests(c) for c in (1, 8, 16, 64)] == [32, 32, 64, 256]

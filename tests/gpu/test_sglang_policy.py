@@ -27,6 +27,7 @@ import pytest
 from lab.sglang_gpu import (
     LAUNCH,
     MARKS,
+    MIN_LIFETIMES,
     OUT,
     GaugeSampler,
     Patched,
@@ -73,7 +74,8 @@ def sweep(server: Server, label: str) -> Path:
     with GaugeSampler(server) as gauges:
         run = sm120check(
             "bench", "--url", server.url, "--concurrency", levels, "--duration", str(LEVEL_S), "--input-len", "64",
-            "--output-len", "128", "--label", label, "--out", str(out), "--level-timeout", "120", "--quiet",
+            "--min-lifetimes", str(MIN_LIFETIMES), "--output-len", "128", "--label", label, "--out", str(out),
+            "--level-timeout", "120", "--quiet",
             timeout=1200,
         )  # fmt: skip
     save(f"policy-bench-{label}.txt", run.stdout + run.stderr)

@@ -260,7 +260,8 @@ def bench_level(server: Server, api: str, concurrency: int, label: str) -> Level
     before, mark = server.metrics(), len(server.lines())
     run = sm120check(
         "bench", "--url", server.url, "--api", api, "--concurrency", str(concurrency), "--input-len", "64",
-        "--output-len", "128", "--duration", str(LEVEL_S), "--label", label, "--out", str(out),
+        "--output-len", "128", "--duration", str(LEVEL_S), "--min-lifetimes", str(MIN_LIFETIMES), "--label", label,
+        "--out", str(out),
         "--level-timeout", "240", "--quiet",
         timeout=300,
     )  # fmt: skip

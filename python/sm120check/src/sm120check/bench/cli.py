@@ -84,6 +84,7 @@ _timeout = argtypes.seconds
 _duration = argtypes.real(0, argtypes.DAY_S, unit="of seconds", low_open=True)
 _temperature = argtypes.real(0, 100, hint="0 is greedy")
 _pause = argtypes.real(0, 3600, unit="of seconds")
+_lifetimes = argtypes.real(1, 1000, unit="of request lifetimes")
 _positive_int = argtypes.whole(1, 1 << 20)
 _length = argtypes.whole(1, 1 << 20, unit="of words or tokens")
 _warmup = argtypes.whole(0, 1 << 16, unit="of requests")
@@ -175,6 +176,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     amount.add_argument("--duration", type=_duration, help="seconds of steady window per level instead")
     p.add_argument(
+        "--min-lifetimes",
+        type=_lifetimes,
+        help="with --duration (closed loop): extend each level's window until it spans this many mean request "
+        "lifetimes, within --level-timeout (20: the server's completion counter can confirm the throughput)",
+    )
+    p.add_argument(
         "--warmup",
         type=_warmup,
         help="warm-up requests per worker before measuring (default 1); open loop: arrivals (8)",
@@ -242,6 +249,11 @@ def handle(args: argparse.Namespace) -> int:
         usage = "give --prompt-file or --dataset, not both"
     elif getattr(args, "category", None) and getattr(args, "dataset", None) is None:
         usage = "--category selects rows of a --dataset file: give --dataset too"
+    elif getattr(args, "min_lifetimes", None) is not None and (args.duration is None or rates is not None):
+        usage = (
+            f"--min-lifetimes {args.min_lifetimes:g} extends a closed-loop --duration window: give --duration and "
+            "--concurrency (not --request-rate)"
+        )
     if usage:
         print(f"sm120check bench: {usage}", file=sys.stderr)
         return Exit.USAGE
@@ -379,7 +391,7 @@ async def _sweep(
         name = f"rate {step:g}/s" if rates else f"C={c}"
         if rates is None:
             if args.duration is not None:
-                plan = LevelPlan(c, duration=args.duration, warmup=args.warmup)
+                plan = LevelPlan(c, duration=args.duration, warmup=args.warmup, min_lifetimes=args.min_lifetimes)
             else:
                 plan = LevelPlan(c, requests=args.requests_per_level or default_requests(c), warmup=args.warmup)
             plan = replace(plan, request_timeout=args.request_timeout, level_timeout=args.level_timeout)

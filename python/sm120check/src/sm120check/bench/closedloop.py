@@ -39,12 +39,17 @@ class LevelPlan:
     warmup: int = 1  # requests per worker before measuring
     request_timeout: float = 600.0
     level_timeout: float = 3600.0
+    # with a duration: extend the window until it spans this many mean request lifetimes (bounded by the level's
+    # timeout), so a completion counter can confirm its throughput (bench/server_rate.py MIN_LIFETIMES)
+    min_lifetimes: float | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency {self.concurrency} must be at least 1")
         if (self.requests is None) == (self.duration is None):
             raise ValueError("give exactly one of a request count or a duration per level")
+        if self.min_lifetimes is not None and (self.duration is None or not self.min_lifetimes > 0):
+            raise ValueError("min_lifetimes needs a duration and must be positive")
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class RequestRecord:
 class _LevelState:
     remaining: int | None
     warm_left: int
+    started: float = field(default_factory=time.perf_counter)
     t0: float | None = None
     t1: float | None = None
     deadline: float | None = None
@@ -236,7 +242,12 @@ async def run_level(
         # (docs/validation/2026-12-02-h200-sglang-server); draining costs at most one request lifetime per level.
         while state.deadline is None:
             await asyncio.sleep(0.01)
-        await asyncio.sleep(max(0.0, state.deadline - time.perf_counter()))
+        while True:
+            await asyncio.sleep(max(0.0, state.deadline - time.perf_counter()))
+            later = _extended_deadline(plan, state)
+            if later is None:
+                break
+            state.deadline = later
         state.t1 = state.deadline
 
     tasks = [asyncio.ensure_future(worker()) for _ in range(c)]
@@ -255,6 +266,23 @@ async def run_level(
 
 
 NO_NUMBERS = "no_numbers"  # the flag of a level where no measured request can be counted
+
+
+def _extended_deadline(plan: LevelPlan, state: _LevelState) -> float | None:
+    """A later window end when the window spans fewer than plan.min_lifetimes mean request lifetimes, leaving time
+    for one more lifetime's drain inside the level's timeout; None to close it now."""
+    if plan.min_lifetimes is None or state.t0 is None or state.deadline is None:
+        return None
+    done = [r for r in state.records if not r.cut and not r.error and r.end > r.scheduled]
+    measured = [r for r in done if not r.warmup] or done
+    if not measured:
+        return state.deadline + 1.0 if state.deadline + 1.0 < state.started + plan.level_timeout / 2 else None
+    lifetime = sum(r.end - r.scheduled for r in measured) / len(measured)
+    wanted = state.t0 + plan.min_lifetimes * lifetime
+    cap = state.started + plan.level_timeout - 2 * lifetime
+    if wanted <= state.deadline + 1e-3 or state.deadline >= cap:
+        return None
+    return min(wanted, cap)
 
 
 def summarize(
