@@ -41,6 +41,7 @@ from lab.sglang_gpu import (
     window_problems,
     write_models,
 )
+from sm120check.bench.server_rate import MIN_LIFETIMES
 
 LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)  # the account's sweep
 LEVEL_S = 8  # steady seconds per level (the bench's --duration)
