@@ -27,7 +27,6 @@ import pytest
 from lab.sglang_gpu import (
     LAUNCH,
     MARKS,
-    MIN_LIFETIMES,
     OUT,
     GaugeSampler,
     Patched,
