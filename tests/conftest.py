@@ -50,3 +50,13 @@ def make_module_node(lab: str) -> Iterator[NodeFactory]:
     """Like make_node, for nodes shared by the tests of one module; removed when the module is done."""
     with ExitStack() as stack:
         yield _factory(stack, lab)
+
+
+# Run last: the tests on a real llama-server, whose build .ci/run starts in the background when the tests start
+# (about two minutes on two cores). Run first in file order, they waited for it idle (103 s in one CI run); last,
+# the build finishes beside the other tests. Order within the file is kept.
+_LAST = ("tests/bench/test_real_engine.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: any(item.nodeid.startswith(path) for path in _LAST))

@@ -139,7 +139,13 @@ def test_report_shows_both_sweeps_side_by_side_and_the_policies(
     trt = yaml.safe_load((tmp_path / "trtllm-extra-llm-api-options.yaml").read_text())["speculative_config"]
     assert "max_concurrency" not in trt  # TensorRT-LLM refuses it beside draft_len_schedule
     assert trt["speculative_model"] == "/models/eagle3" and trt["max_draft_len"] == 3
-    assert trt["draft_len_schedule"] == {7: 3, 1024: 1}  # floor 1 (default): 1 draft token from batch 8 on
+    # no one-step tier by default: 3 draft tokens to batch 17, then floor 1 (default): 1 draft token from 18 on
+    assert trt["draft_len_schedule"] == {17: 3, 1024: 1}
+    assert set(sglang) == {"1", "17"}  # the SGLang file likewise: full speculation, then none
+    assert run_subcommand("crossover", *map(str, model_sweeps), *argv, "--reduced-tier", "--force") == 0
+    trt = yaml.safe_load((tmp_path / "trtllm-extra-llm-api-options.yaml").read_text())["speculative_config"]
+    assert trt["draft_len_schedule"] == {7: 3, 1024: 1}  # with the tier: 1 draft token from batch 8 on
+    assert set(json.loads((tmp_path / "sglang-spec-adaptive.json").read_text())) == {"1", "8", "17"}
     assert "SGLang 0.5.14+" in out and "vLLM 0.24.0+" in out and "PIECEWISE" in out
     router = json.loads((tmp_path / "router-rule.json").read_text())
     assert router["switch_back_to_spec_at_or_below"] < TRUE_CROSSOVER < router["switch_to_plain_at_or_above"] + 1
