@@ -264,11 +264,18 @@ def run_outcome(gpus: tuple[int, int], p2p: bool, outcome: ChildOutcome) -> Pair
 
 
 def run_pair_child(
-    gpus: tuple[int, int], p2p: bool, *, limit: float, python: str | None = None, module: str = PAIR_PROBE
+    gpus: tuple[int, int],
+    p2p: bool,
+    *,
+    limit: float,
+    python: str | None = None,
+    module: str = PAIR_PROBE,
+    target: str = "",
 ) -> PairRun:
-    """One run in a probe child with the doctor's watchdog at `limit` (the probe's own fires `PAIR_PROBE_MARGIN_S`
-    earlier); raises PayloadError on a malformed answer."""
+    """One run in a probe child (`module`; its ranks run `target`, default the NCCL rank) with the doctor's watchdog
+    at `limit` (the probe's own fires `PAIR_PROBE_MARGIN_S` earlier); raises PayloadError on a malformed answer."""
     args = ["--gpus", f"{gpus[0]},{gpus[1]}", "--timeout", str(max(5.0, limit - PAIR_PROBE_MARGIN_S))]
+    args += ["--target", target] if target else []
     if not p2p:
         args.append("--p2p-off")
     env = {**probe_env(), **pair_env(p2p)}

@@ -616,6 +616,9 @@ def peer_pair(
         how = "NVLink per NVML" if pair.nvlink else "above the PCIe raw rate: NVLink"
         return Verdict(vid, PASS, f"{g}: {pair.gbps:.1f} GB/s P2P ({how}, no PCIe floor){latency}", details)
     if raw is None:
+        collapse = peer_write_read(pair, roots or {})
+        if collapse is not None:
+            return dataclasses.replace(collapse, details=details)
         status = next((link.status for i in (pair.src, pair.dst) if (link := links.get(i)) and link.status != "ok"), "")
         return Verdict(
             vid,
@@ -624,8 +627,17 @@ def peer_pair(
             details,
         )
     collapse = peer_write_read(pair, roots or {})
-    if collapse is not None and collapse.status == FAIL:
-        return dataclasses.replace(collapse, details=details)
+    floor = _peer_floor(pair, raw, details, latency)
+    if collapse is not None and _RANK[collapse.status] >= _RANK[floor.status]:  # the more specific cause first
+        return dataclasses.replace(collapse, details=floor.details)
+    return floor
+
+
+def _peer_floor(pair: PeerPair, raw: tuple[float, str], details: str, latency: str) -> Verdict:
+    """A P2P pair over PCIe against the floor of the slower of its two links."""
+    vid = "gpu_peer_bandwidth"
+    g = f"GPU {pair.src} -> {pair.dst}"
+    assert pair.gbps is not None
     rate, which = raw
     warn_floor, fail_floor = rate * PEER_WARN_FRACTION, rate * PEER_FAIL_FRACTION
     details += (
@@ -633,8 +645,6 @@ def peer_pair(
         f"({warn_floor:.1f} GB/s), fail below {PEER_FAIL_FRACTION:.0%} ({fail_floor:.1f} GB/s)"
     )
     share = f"{pair.gbps / rate:.0%} of {which} raw {rate:.1f} GB/s"
-    if pair.gbps >= warn_floor and collapse is not None:
-        return dataclasses.replace(collapse, details=details)
     if pair.gbps >= warn_floor:
         reads = f", reads {pair.read_gbps:.1f} GB/s" if pair.read_gbps is not None else ""
         return Verdict(vid, PASS, f"{g}: {pair.gbps:.1f} GB/s P2P over PCIe ({share}){reads}{latency}", details)

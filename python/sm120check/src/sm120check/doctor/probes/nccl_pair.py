@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", required=True, help="two NVML indices, a,b")
     parser.add_argument("--timeout", type=float, default=55.0, help="hard limit for both ranks, seconds")
     parser.add_argument("--p2p-off", action="store_true", help="run with NCCL_P2P_DISABLE=1")
+    parser.add_argument("--target", default=TARGET, help="the rank function, module:function (default: the NCCL one)")
     ns = parser.parse_args(argv)
     try:
         a, b = (int(part) for part in ns.gpus.split(","))
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--gpus {ns.gpus!r}: expected two NVML indices such as 0,1") from None
     if a == b:
         raise SystemExit(f"--gpus {ns.gpus!r}: the two GPUs must differ")
-    emit(run_pair((a, b), not ns.p2p_off, timeout=ns.timeout).to_json())
+    emit(run_pair((a, b), not ns.p2p_off, timeout=ns.timeout, target=ns.target).to_json())
     return 0
 
 
