@@ -83,6 +83,8 @@ def judge_target(target: StressTarget, roots: Mapping[int, str], geforce: frozen
     if target.error.startswith(NOT_MEASURED):
         return TargetVerdict(Status.WARN, f"{t}: {target.error}", details, remedies.PEER_STRESS_TIMEOUT)
     p2p = [s for s in target.sources if s.p2p]
+    if not target.sources:
+        return TargetVerdict(Status.SKIP, f"{t}: no other GPU wrote to it", details)
     if target.aggregate_gbps is None or target.error:
         why = target.error or "no copy was timed"
         everyone = ",".join(str(i) for i in (target.target, *(s.src for s in target.sources)))
