@@ -16,6 +16,7 @@ import pytest
 from lab.gpu_less import NO_DRIVER, NVML_ABSENT
 from sm120check.doctor import facts, remedies
 from sm120check.doctor.checks import all_checks
+from sm120check.doctor.checks import pcie as pcie_checks
 from sm120check.doctor.checks import peer as peer_check
 from sm120check.doctor.health import load, peer, verdicts
 from sm120check.doctor.health.payloads import PeerAnswer, PeerLink, PeerPair
@@ -426,7 +427,7 @@ def test_a_geforce_pair_without_p2p_passes_as_expected_with_the_level_1_note() -
         "GPU 0 -> 1: P2P not available on GeForce with the stock driver: expected, P2P features off; copies staged "
         "through the host, 9.8 GB/s"
     )
-    assert verdicts.GEFORCE_NO_P2P == peer_check.pcie_checks.GEFORCE_NOTE  # the words of the iommu/pcie_acs checks
+    assert verdicts.GEFORCE_NO_P2P == pcie_checks.GEFORCE_NOTE  # the words of the iommu/pcie_acs checks
 
 
 def test_an_answer_from_before_reads_were_timed_still_reads_and_a_bad_read_rate_is_named() -> None:
