@@ -276,14 +276,15 @@ def test_pairs_the_budget_left_out_warn_and_the_worst_pair_leads() -> None:
 def test_a_pair_run_answer_is_read_strictly() -> None:
     good = run(True).to_json()
     assert PairRun.from_json(json.loads(json.dumps(good))) == run(True)
-    for change, named in (
+    cases: list[tuple[dict[str, object], str]] = [
         ({"gpus": [0, 0]}, "nccl_pair: gpus: expected two different GPU indices, got [0, 0]"),
         ({"gpus": [0, 1, 2]}, "nccl_pair: gpus: expected two different GPU indices"),
         ({"seconds": -1}, "nccl_pair: seconds: expected seconds >= 0"),
         ({"finished": True, "hung": True}, "nccl_pair: hung: a run cannot both finish and hang"),
         ({"busbw_gbps": "21"}, "nccl_pair: busbw_gbps: expected a number"),
         ({"hung": None}, "nccl_pair: hung: expected true or false"),
-    ):
+    ]
+    for change, named in cases:
         with pytest.raises(PayloadError) as raised:
             PairRun.from_json(good | change)
         assert str(raised.value).startswith(named), str(raised.value)
