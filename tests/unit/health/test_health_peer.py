@@ -16,6 +16,7 @@ import pytest
 from lab.gpu_less import NO_DRIVER, NVML_ABSENT
 from sm120check.doctor import facts, remedies
 from sm120check.doctor.checks import all_checks
+from sm120check.doctor.checks import pcie as pcie_checks
 from sm120check.doctor.checks import peer as peer_check
 from sm120check.doctor.health import load, peer, verdicts
 from sm120check.doctor.health.payloads import PeerAnswer, PeerLink, PeerPair
@@ -151,10 +152,11 @@ def test_the_result_data_per_pair() -> None:
     answer = PeerAnswer((pair(50.0), dataclasses.replace(pair(9.8, p2p=False), src=1, dst=0)), (link(0), link(1)))
     result = peer_check.judge_peer(answer)
     assert result.status is Status.WARN and result.family == "comm" and result.level == 3
+    common = {"read_gbps": None, "latency_us": 9.5, "root_ports": ["", ""]}
     assert result.data == {
         "pairs": [
-            {"src": 0, "dst": 1, "p2p": True, "gbps": 50.0, "latency_us": 9.5, "floor_gbps": 44.11},
-            {"src": 1, "dst": 0, "p2p": False, "gbps": 9.8, "latency_us": 9.5, "floor_gbps": None},
+            {"src": 0, "dst": 1, "p2p": True, "gbps": 50.0, "floor_gbps": 44.11, **common},
+            {"src": 1, "dst": 0, "p2p": False, "gbps": 9.8, "floor_gbps": None, **common},
         ]
     }
     json.dumps(result.data)
@@ -202,7 +204,7 @@ def test_a_p2p_pair_is_timed_and_everything_it_made_is_released() -> None:
     assert got.gbps == pytest.approx((64 << 20) / 0.005 / 1e9, abs=0.01) and got.repeats == 3
     assert got.latency_us == pytest.approx(10.0)
     assert cuda.calls.count("cuCtxEnablePeerAccess") == 2 and cuda.calls.count("cuCtxDisablePeerAccess") == 2
-    for freed, times in (("cuMemFree_v2", 2), ("cuEventDestroy_v2", 2), ("cuStreamDestroy_v2", 1)):
+    for freed, times in (("cuMemFree_v2", 2), ("cuEventDestroy_v2", 4), ("cuStreamDestroy_v2", 2)):
         assert cuda.calls.count(freed) == times, freed
     assert cuda.calls.count("cuDevicePrimaryCtxRelease_v2") == cuda.calls.count("cuDevicePrimaryCtxRetain") == 2
 
@@ -347,3 +349,128 @@ def test_a_hung_peer_probe_fails_naming_the_probe_the_timeout_and_its_last_step(
         == "the peer-copy probe timed out after 115 s (killed with its process group) during peer copies GPU 0 -> 1"
     )
     assert result.remedy == remedies.peer_probe("0,1")
+
+
+# ---- writes against reads: the posted-write collapse (local-inference-lab/rtx6kpro hardware/collapse-report.md) ----
+
+# An 8-GPU box with two root complexes, as the collapse report's topology section shows them: GPUs 0-3 behind root
+# port 00:01.1, GPUs 4-7 behind 20:01.1.
+TWO_ROOTS = {i: ("0000:00:01.1" if i < 4 else "0000:20:01.1") for i in range(8)}
+
+
+def measured(src: int, dst: int, write: float, read: float | None) -> PeerPair:
+    bus = (f"00000000:{3 + src:02X}:00.0", f"00000000:{3 + dst:02X}:00.0")
+    return PeerPair(src, dst, *bus, True, write, 4.1, "enabled", False, 12, 64 << 20, read_gbps=read, read_repeats=12)
+
+
+def gen5_links(*indices: int) -> dict[int, PeerLink]:
+    return {i: PeerLink(i, f"00000000:{3 + i:02X}:00.0", 5, 16) for i in indices}
+
+
+def test_the_collapse_reports_52_to_7_gb_s_fails_naming_the_pair_and_both_root_ports() -> None:
+    """The report's WRX90 + Microchip PM50100 rig: writes GPU 0 -> 4 at ~7 GB/s while reads of the same bytes run at
+    ~52 (reads are unaffected: non-posted completions have their own flow control)."""
+    verdict = verdicts.peer_pair(measured(0, 4, 7.0, 52.0), gen5_links(0, 4), roots=TWO_ROOTS)
+    assert verdict.status == "fail"
+    assert verdict.summary == (
+        "GPU 0 -> 4: posted-write collapse: writes 7.0 GB/s, reads 52.0 GB/s (13% of the reads, fail below 50%); "
+        "root ports 0000:00:01.1 (GPU 0), 0000:20:01.1 (GPU 4)"
+    )
+    assert verdict.remedy == remedies.PEER_WRITE_COLLAPSE and "no kernel or driver setting" in verdict.remedy
+    assert "reads 52.0 GB/s (median of 12)" in verdict.details
+
+
+def test_a_healthy_pair_whose_reads_are_a_touch_faster_passes_with_both_rates() -> None:
+    """The report's BASELINE row: 52.5 GB/s written, 53.4 read."""
+    verdict = verdicts.peer_pair(measured(0, 4, 52.5, 53.4), gen5_links(0, 4), roots=TWO_ROOTS)
+    assert verdict.status == "pass", verdict.summary
+    assert verdict.summary.startswith("GPU 0 -> 4: 52.5 GB/s P2P over PCIe (83% of")
+    assert ", reads 53.4 GB/s, latency 4.1 us" in verdict.summary
+
+
+def test_writes_at_two_thirds_of_the_reads_warn_and_a_collapse_outranks_the_link_floor() -> None:
+    warned = verdicts.peer_pair(measured(1, 5, 36.0, 53.0), gen5_links(1, 5), roots=TWO_ROOTS)
+    assert warned.status == "warn" and warned.summary.startswith("GPU 1 -> 5: writes well below reads: writes 36.0")
+    assert "(68% of the reads, warn below 75%)" in warned.summary and warned.remedy == remedies.PEER_WRITE_COLLAPSE
+    # 2.7 GB/s is also far under the link floor: the collapse is the cause the user reads first
+    broadcom = verdicts.peer_pair(measured(0, 6, 2.7, 37.0), gen5_links(0, 6), roots={0: "0000:00:01.1"})
+    assert broadcom.status == "fail" and "posted-write collapse" in broadcom.summary
+    assert broadcom.summary.endswith("root ports 0000:00:01.1 (GPU 0), unknown (GPU 6)")
+
+
+def test_gpus_behind_one_root_port_say_so_and_unknown_roots_say_why() -> None:
+    same = verdicts.peer_pair(measured(0, 1, 7.0, 52.0), gen5_links(0, 1), roots=TWO_ROOTS)
+    assert same.summary.endswith("both behind root port 0000:00:01.1")
+    flat = verdicts.peer_pair(measured(0, 1, 7.0, 52.0), gen5_links(0, 1))
+    assert flat.summary.endswith("root ports unknown (no PCI bridge above the GPUs in sysfs)")
+
+
+def test_the_node_verdict_over_an_8_gpu_two_root_box_names_only_the_collapsed_cross_root_pairs() -> None:
+    pairs = tuple(
+        measured(a, b, 7.0 if (a < 4) != (b < 4) and a < 4 else 52.0, 53.0)
+        for a in range(8)
+        for b in range(8)
+        if a != b
+    )
+    verdict = verdicts.peer_bandwidth(PeerAnswer(pairs, tuple(gen5_links(*range(8)).values())), TWO_ROOTS)
+    assert verdict.status == "fail"
+    assert verdict.summary.startswith("16 of 56 pairs: GPU 0 -> 4: posted-write collapse: writes 7.0 GB/s")
+    assert "GPU 4 -> 0" not in verdict.summary  # writes from the second root are healthy on this box
+    assert verdict.remedy == remedies.PEER_WRITE_COLLAPSE
+
+
+def test_a_geforce_pair_without_p2p_passes_as_expected_with_the_level_1_note() -> None:
+    staged = pair(9.8, p2p=False)
+    verdict = verdicts.peer_pair(staged, gen5_pair(), geforce=frozenset({0, 1}))
+    assert verdict.status == "pass" and verdict.remedy == ""
+    assert verdict.summary == (
+        "GPU 0 -> 1: P2P not available on GeForce with the stock driver: expected, P2P features off; copies staged "
+        "through the host, 9.8 GB/s"
+    )
+    assert verdicts.GEFORCE_NO_P2P == pcie_checks.GEFORCE_NOTE  # the words of the iommu/pcie_acs checks
+
+
+def test_an_answer_from_before_reads_were_timed_still_reads_and_a_bad_read_rate_is_named() -> None:
+    data: dict[str, Any] = PeerAnswer((pair(50.0),), (link(0), link(1))).to_json()
+    for key in ("read_gbps", "read_repeats"):
+        data["pairs"][0].pop(key)
+    assert PeerAnswer.from_json(data).pairs[0].read_gbps is None
+    data["pairs"][0]["read_gbps"] = "52"
+    with pytest.raises(PayloadError, match=r"^peer_bandwidth: pairs\[0\]\.read_gbps: expected a number"):
+        PeerAnswer.from_json(data)
+
+
+class CollapsingCuda(StandInCuda):
+    """Stand-in libcuda whose copies on the source's stream (the first stream made) take 10x longer than on the
+    destination's (writes collapse, reads do not); records the context current at each stream's creation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stream_contexts: list[int] = []
+        self.current = 0
+        self.write_stream = 0
+        self.last_stream = 0
+
+    def call(self, func: str, *args: Any) -> None:
+        if func == "cuCtxSetCurrent":
+            self.current = args[0].value or 0
+        if func == "cuEventRecord":
+            self.last_stream = args[1].value
+        super().call(func, *args)
+        if func == "cuStreamCreate":
+            self.stream_contexts.append(self.current)
+            self.write_stream = self.write_stream or args[0]._obj.value
+        if func == "cuEventElapsedTime" and self.copied > 4096:
+            args[0]._obj.value = 50.0 if self.last_stream == self.write_stream else 5.0
+
+
+def test_the_read_is_the_same_copy_issued_on_a_stream_of_the_destinations_context() -> None:
+    cuda = CollapsingCuda()
+    got = peer.measure_pair(cuda, *GPUS, settings=FAST)
+    assert cuda.calls.count("cuDevicePrimaryCtxRetain") == 2 and len(cuda.stream_contexts) == 2
+    src_ctx, dst_ctx = 0x1100, 0x1200  # the stand-in's handles, in the order the two contexts were retained
+    assert cuda.stream_contexts == [src_ctx, dst_ctx]
+    assert got.gbps is not None and got.read_gbps is not None and got.read_repeats == 3
+    assert got.read_gbps == pytest.approx(10 * got.gbps, rel=0.01)
+    verdict = verdicts.peer_pair(got, gen5_pair())
+    assert verdict.status == "fail" and verdict.summary.startswith("GPU 0 -> 1: posted-write collapse: writes 1.3")

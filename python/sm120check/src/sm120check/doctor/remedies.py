@@ -299,3 +299,49 @@ PCIE_REBOOT = "reboot the node: the pcie_p2p role changed the kernel command lin
 PCIE_FACT_FILE = f"{PCIE_P2P} rewrites /var/lib/sm120kit/pcie-p2p.json"  # the fact file is not schema 1
 LSPCI_MISSING = "apt install pciutils (lspci), then run the doctor again"
 LSPCI_ROOT = "run the doctor as root: lspci shows the ACS control registers to root only"
+
+
+# GPU pairs over PCIe at level 3 (checks/peer.py, checks/pairs.py): writes against reads, many-to-one writes, and a
+# two-rank NCCL all-reduce per pair with P2P on and off
+# Writes far below reads: the fabric drops posted writes (rtx6kpro hardware/collapse-report.md); no setting fixes it.
+PEER_WRITE_COLLAPSE = (
+    "no kernel or driver setting fixes a posted-write collapse (the rtx6kpro collapse report: not iommu=off/pt, not "
+    "ACS, not the kernel or driver); keep each tensor-parallel group behind one root port / PCIe switch "
+    "(CUDA_VISIBLE_DEVICES order), move the GPUs behind one switch or a hierarchical switch fabric, and report the "
+    "numbers with `lspci -tv` to the switch or board vendor"
+)
+# A source writing to one target far below its share while every other GPU writes to that target too.
+PEER_STRESS = (
+    "the starved source's path to the target is shared or degraded under load: compare with its `pcie_link` and "
+    "`gpu_peer_bandwidth` verdicts, then " + PEER_WRITE_COLLAPSE
+)
+PEER_STRESS_TIMEOUT = "raise --timeout: each target takes about a second, plus a solo write per ordered pair"
+
+
+def peer_stress_probe(gpus: str) -> str:
+    """The many-to-one write probe failed or died: run it by hand for the failing CUDA call."""
+    return (
+        f"run `python -m sm120check.doctor.probes.peer_stress --gpus {gpus}` by hand for the failing step or CUDA "
+        "call; check `gpu_xid` for Xids logged meanwhile"
+    )
+
+
+# NCCL hangs or fails with P2P and completes with NCCL_P2P_DISABLE=1: the IOMMU or ACS blocks peer traffic.
+NCCL_PAIR_P2P_BLOCKED = (
+    f"PCIe P2P is blocked by the IOMMU or ACS: {PCIE_P2P} (iommu=pt on the kernel command line, ACS redirect "
+    "cleared on the bridges above the GPUs at every boot), then reboot; the `iommu` and `pcie_acs` checks say "
+    "which is set; docs/pcie.md says what each change risks. Meanwhile serve with NCCL_P2P_DISABLE=1 "
+    "(slower) and --disable-custom-all-reduce"
+)
+# NCCL hangs or fails both with and without P2P between two GPUs: not a P2P setting.
+NCCL_PAIR_BROKEN = (
+    "not a P2P setting (NCCL fails without P2P too): check `gpu_xid` for Xids, `nccl_allreduce` for the NCCL "
+    "release, and rerun the pair by hand with NCCL_DEBUG=INFO: `python -m sm120check.doctor.probes.nccl_pair "
+    "--gpus A,B`"
+)
+# NCCL completes with P2P but not with NCCL_P2P_DISABLE=1: the fallback transport (shared memory) is broken.
+NCCL_PAIR_NO_FALLBACK = (
+    "NCCL's shared-memory transport failed: in a container give it --ipc=host or a larger --shm-size; check "
+    "`df -h /dev/shm`; NCCL_DEBUG=INFO names the transport"
+)
+NCCL_PAIRS_BUDGET = "select fewer GPUs (--gpus) or raise --timeout: each pair runs twice, up to the pair limit each"

@@ -19,6 +19,7 @@ from sm120check.doctor.checks import (
     health,
     nvrtc,
     nvrtc_launch,
+    pairs,
     pcie,
     peer,
     platform,
@@ -32,7 +33,8 @@ from sm120check.doctor.model import Check
 
 # Report order. `sglang` (SGLang SM120 source scan), `comm` (level-3 communication) and `sglang_comm` (SGLang's
 # own level-3 code) and `health` (node health) are owned by their own modules; keep their entries when editing.
-# `peer` (level-3 copies between GPU pairs, family `comm`) reports right before the other `comm` checks.
+# `peer` (level-3 copies between GPU pairs, family `comm`) and `pairs` (many-to-one writes, family `comm`, and the
+# per-pair NCCL all-reduce, family `pcie_p2p`) report right before the other `comm` checks.
 MODULES: tuple[ModuleType, ...] = (
     platform,
     driver,
@@ -47,6 +49,7 @@ MODULES: tuple[ModuleType, ...] = (
     sglang,
     flashinfer_jit,
     peer,
+    pairs,
     comm,
     sglang_comm,
     health,

@@ -463,8 +463,10 @@ class PeerLink:
 @dataclass(frozen=True)
 class PeerPair:
     """Copies from GPU `src` to GPU `dst` (NVML indices) with cuMemcpyPeerAsync: the median GB/s of `repeats` copies
-    of `size_bytes`, the median time of small copies. `p2p` False: no peer access, the driver staged the copies
-    through host memory. `error` set: a CUDA call failed (the figures it did not reach are None)."""
+    of `size_bytes` on a stream of `src`'s context (`gbps`: src's copy engine pushes, PCIe posted writes), the same
+    copies on a stream of `dst`'s context (`read_gbps`: dst's copy engine pulls, non-posted reads), the median time
+    of small copies. `p2p` False: no peer access, the driver staged the copies through host memory. `error` set: a
+    CUDA call failed (the figures it did not reach are None)."""
 
     src: int
     dst: int
@@ -478,6 +480,8 @@ class PeerPair:
     repeats: int = 0
     size_bytes: int = 0
     error: str = ""
+    read_gbps: float | None = None  # None: not measured (a payload from before reads were timed, or an error first)
+    read_repeats: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -493,6 +497,8 @@ class PeerPair:
             "repeats": self.repeats,
             "size_bytes": self.size_bytes,
             "error": self.error,
+            "read_gbps": self.read_gbps,
+            "read_repeats": self.read_repeats,
         }
 
     @classmethod
@@ -510,6 +516,8 @@ class PeerPair:
             f.integer("repeats"),
             f.integer("size_bytes"),
             f.text("error"),
+            f.maybe_number("read_gbps"),
+            f.maybe_integer("read_repeats") or 0,
         )
 
 

@@ -4,9 +4,14 @@ per ordered pair, for the level-3 check gpu_peer_bandwidth (probes/peer_bandwidt
 For a pair (src, dst), with both devices' primary contexts retained: cuDeviceCanAccessPeer both ways, then
 cuCtxEnablePeerAccess in each context for the other (CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED is fine; what this module
 enabled it disables again). Bandwidth: cuMemcpyPeerAsync of `size` bytes (64 MiB) from a buffer on src to one on
-dst, on a stream of src's context, each copy bracketed by events on that stream, repeated until `busy_s` (at least 3
-copies, at most `limit_s`); the GB/s is the median. Latency: copies of `latency_bytes` (4 bytes), each bracketed by
-events, the median of `latency_copies` in microseconds (the stream's time for the copy, not the host's launch cost).
+dst, on a stream of src's context (a write: src's copy engine pushes the data as PCIe posted writes), each copy
+bracketed by events on that stream, repeated until `busy_s` (at least 3 copies, at most `limit_s`); the GB/s is the
+median. Read bandwidth: the same copy, same direction and buffers, issued on a stream of dst's context (a read: dst's
+copy engine pulls, non-posted requests answered by completions), timed the same way; p2pmark's "reads" are issued so
+(cudaMemcpyPeerAsync on the reader's stream). Writes far below reads are the posted-write collapse of
+local-inference-lab/rtx6kpro hardware/collapse-report.md (health/verdicts.peer_pair judges it). Latency: copies
+of `latency_bytes` (4 bytes), each bracketed by events, the median of `latency_copies` in microseconds (the
+stream's time for the copy, not the host's launch cost).
 One untimed copy of each size goes first (the first peer copy maps the peer's memory). Without peer access the same
 copies still run: the driver stages them through host memory, and the pair says p2p False.
 Every CUDA call is checked; a failure becomes the pair's `error`, never an exception. No multicast, no NCCL, no
@@ -53,8 +58,9 @@ class Settings:
 
     @property
     def worst_s(self) -> float:
-        """What a pair may take: both loops at their bounds, plus a second of set-up and warm-up copies."""
-        return self.limit_s + self.latency_limit_s + 1.0
+        """What a pair may take: the three loops (writes, latency, reads) at their bounds, plus a second of set-up
+        and warm-up copies."""
+        return 2 * self.limit_s + self.latency_limit_s + 1.0
 
 
 @dataclass(frozen=True)
@@ -115,10 +121,12 @@ def measure_pair(
     src_ctx, dst_ctx = ctypes.c_void_p(), ctypes.c_void_p()
     src_buf, dst_buf = ctypes.c_ulonglong(), ctypes.c_ulonglong()
     stream, start, end = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    pull_stream, pull_start, pull_end = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()  # in dst's context
     retained: list[int] = []
     enabled: list[tuple[ctypes.c_void_p, ctypes.c_void_p]] = []  # (context, peer) this call enabled
     p2p, access, error = False, "", ""
     rates: list[float] = []
+    reads: list[float] = []
     latencies: list[float] = []
     try:
         for dev, ctx in ((src.dev, src_ctx), (dst.dev, dst_ctx)):
@@ -151,9 +159,9 @@ def measure_pair(
         cuda.call("cuEventCreate", ctypes.byref(start), 0)
         cuda.call("cuEventCreate", ctypes.byref(end), 0)
 
-        def copier(n: int) -> Callable[[], None]:
+        def copier(n: int, on: ctypes.c_void_p = stream) -> Callable[[], None]:
             count = ctypes.c_size_t(n)
-            return lambda: cuda.call("cuMemcpyPeerAsync", dst_buf, dst_ctx, src_buf, src_ctx, count, stream)
+            return lambda: cuda.call("cuMemcpyPeerAsync", dst_buf, dst_ctx, src_buf, src_ctx, count, on)
 
         big, small = copier(size), copier(settings.latency_bytes)
         for warm in (big, small):  # the first peer copy maps the peer's memory: not timed
@@ -171,11 +179,23 @@ def measure_pair(
             busy_s=0.0,
             limit_s=settings.latency_limit_s,
         )
+        cuda.call("cuCtxSetCurrent", dst_ctx)  # the read: the same copy on a stream of the destination's context
+        cuda.call("cuStreamCreate", ctypes.byref(pull_stream), _STREAM_NON_BLOCKING)
+        cuda.call("cuEventCreate", ctypes.byref(pull_start), 0)
+        cuda.call("cuEventCreate", ctypes.byref(pull_end), 0)
+        pull = copier(size, pull_stream)
+        pull()
+        cuda.call("cuStreamSynchronize", pull_stream)
+        took = timed(
+            cuda, pull, pull_stream, pull_start, pull_end, at_least=3, busy_s=settings.busy_s, limit_s=settings.limit_s
+        )
+        reads = [size / s / 1e9 for s in took]
     except CudaCallFailed as exc:
         error = str(exc)
     finally:
-        if stream.value:
-            cuda.release("cuStreamSynchronize", stream)
+        for used in (stream, pull_stream):
+            if used.value:
+                cuda.release("cuStreamSynchronize", used)
         _free(
             cuda,
             src_ctx,
@@ -184,7 +204,14 @@ def measure_pair(
             ("cuStreamDestroy_v2", stream),
             ("cuMemFree_v2", src_buf),
         )
-        _free(cuda, dst_ctx, ("cuMemFree_v2", dst_buf))
+        _free(
+            cuda,
+            dst_ctx,
+            ("cuEventDestroy_v2", pull_start),
+            ("cuEventDestroy_v2", pull_end),
+            ("cuStreamDestroy_v2", pull_stream),
+            ("cuMemFree_v2", dst_buf),
+        )
         for ctx, peer in enabled:
             cuda.release("cuCtxSetCurrent", ctx)
             cuda.release("cuCtxDisablePeerAccess", peer)
@@ -200,6 +227,8 @@ def measure_pair(
         access=access,
         repeats=len(rates),
         error=error,
+        read_gbps=round(statistics.median(reads), 2) if reads else None,
+        read_repeats=len(reads),
     )
 
 

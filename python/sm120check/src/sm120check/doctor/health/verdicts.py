@@ -6,6 +6,7 @@ Thresholds that are our choice say so in their constant's comment.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -494,6 +495,17 @@ def gpu_product(gpus: Sequence[GpuHealth], configs: TunedConfigs | None) -> Verd
 PEER_WARN_FRACTION = BANDWIDTH_WARN_FRACTION
 PEER_FAIL_FRACTION = BANDWIDTH_FAIL_FRACTION
 
+# Posted-write collapse: a pair's writes (src's copy engine pushes) against its reads (dst's copy engine pulls the same
+# bytes). local-inference-lab/rtx6kpro hardware/collapse-report.md (c93c92aa) measured healthy pairs within a few
+# percent of their reads (52.5 vs 53.4 GB/s, 98 %; 56 vs 56 on the 8-GPU layout) and collapsed ones at 7-26 % of
+# them (52 -> 6-7 GB/s per pair on Microchip PM50100 + TR Pro, 37 -> 2.7 on Broadcom PEX890xx + EPYC Turin, reads
+# unaffected at ~53). Fail below half the read rate: twice the worst collapse the report shows, half the healthy
+# ratio. Warn below 75 % (ours): a gap wider than the ~15 % single-flow penalty the report measured with the IOMMU
+# translating, which costs reads and writes alike.
+WRITE_COLLAPSE_FRACTION = 0.50
+WRITE_WARN_FRACTION = 0.75
+GEFORCE_NO_P2P = "P2P not available on GeForce with the stock driver: expected, P2P features off"
+
 
 def peer_pcie_raw(pair: PeerPair, links: Mapping[int, PeerLink]) -> tuple[float, str] | None:
     """The raw one-direction rate of the slower of the pair's two maximum PCIe links, and which link that is; None
@@ -525,16 +537,58 @@ def _opt_us(value: float | None) -> str:
     return f"{value:.1f} us" if value is not None else "(not measured)"
 
 
-def peer_pair(pair: PeerPair, links: Mapping[int, PeerLink], latency_bytes: int = 4) -> Verdict:
-    """One ordered pair: copies from `src` to `dst` against the floor derived from their links."""
+def root_ports_of(pair: PeerPair, roots: Mapping[int, str]) -> str:
+    """ "root ports 0000:00:01.1 (GPU 0), 0000:20:01.1 (GPU 4)", saying so where one is shared or unknown."""
+    ports = {i: roots.get(i, "") for i in (pair.src, pair.dst)}
+    if not any(ports.values()):
+        return "root ports unknown (no PCI bridge above the GPUs in sysfs)"
+    if ports[pair.src] and ports[pair.src] == ports[pair.dst]:
+        return f"both behind root port {ports[pair.src]}"
+    return "root ports " + ", ".join(f"{port or 'unknown'} (GPU {i})" for i, port in ports.items())
+
+
+def peer_write_read(pair: PeerPair, roots: Mapping[int, str]) -> Verdict | None:
+    """Writes against reads of one P2P pair: None when both are not measured, else a collapse fail, a warn, or pass."""
+    vid = "gpu_peer_bandwidth"
+    if not pair.p2p or pair.gbps is None or not pair.read_gbps:
+        return None
+    share = pair.gbps / pair.read_gbps
+    g = f"GPU {pair.src} -> {pair.dst}"
+    if share >= WRITE_WARN_FRACTION:
+        return None
+    status = FAIL if share < WRITE_COLLAPSE_FRACTION else WARN
+    what = "posted-write collapse" if status == FAIL else "writes well below reads"
+    limit = WRITE_COLLAPSE_FRACTION if status == FAIL else WRITE_WARN_FRACTION
+    return Verdict(
+        vid,
+        status,
+        f"{g}: {what}: writes {pair.gbps:.1f} GB/s, reads {pair.read_gbps:.1f} GB/s ({share:.0%} of the reads, "
+        f"{status} below {limit:.0%}); {root_ports_of(pair, roots)}",
+        remedy=remedies.PEER_WRITE_COLLAPSE,
+    )
+
+
+def peer_pair(
+    pair: PeerPair,
+    links: Mapping[int, PeerLink],
+    latency_bytes: int = 4,
+    roots: Mapping[int, str] | None = None,
+    geforce: frozenset[int] = frozenset(),
+) -> Verdict:
+    """One ordered pair: copies from `src` to `dst` against the floor derived from their links, and its writes
+    against its reads (posted-write collapse). `roots`: each GPU's root port (NVML index -> BDF), named when the
+    writes collapse; `geforce`: GPUs whose missing P2P is expected (GeForce on the stock driver)."""
     vid = "gpu_peer_bandwidth"
     g = f"GPU {pair.src} -> {pair.dst}"
     nvlink = {True: "yes", False: "no", None: "unknown"}[pair.nvlink]
+    read = f"{pair.read_gbps} GB/s (median of {pair.read_repeats})" if pair.read_gbps is not None else "not measured"
     details = (
-        f"{g} ({pair.src_bus} -> {pair.dst_bus}): {pair.gbps} GB/s (median of {pair.repeats} x "
-        f"{pair.size_bytes >> 20} MiB), {latency_bytes}-byte copies {_opt_us(pair.latency_us)} (median); peer access "
-        f"{pair.access or '(not tried)'}; NVLink per NVML {nvlink}"
+        f"{g} ({pair.src_bus} -> {pair.dst_bus}): writes {pair.gbps} GB/s (median of {pair.repeats} x "
+        f"{pair.size_bytes >> 20} MiB), reads {read}, {latency_bytes}-byte copies {_opt_us(pair.latency_us)} "
+        f"(median); peer access {pair.access or '(not tried)'}; NVLink per NVML {nvlink}"
     )
+    if roots:
+        details += f"; {root_ports_of(pair, roots)}"
     if pair.error:
         details += f"; {pair.error}"
     if pair.gbps is None:
@@ -545,6 +599,10 @@ def peer_pair(pair: PeerPair, links: Mapping[int, PeerLink], latency_bytes: int 
             vid, FAIL, f"{g}: the peer copy failed: {why}", details, remedies.peer_probe(f"{pair.src},{pair.dst}")
         )
     latency = f", latency {_opt_us(pair.latency_us)}"
+    if not pair.p2p and geforce & {pair.src, pair.dst}:
+        return Verdict(
+            vid, PASS, f"{g}: {GEFORCE_NO_P2P}; copies staged through the host, {pair.gbps:.1f} GB/s", details
+        )
     if not pair.p2p:
         return Verdict(
             vid,
@@ -558,6 +616,9 @@ def peer_pair(pair: PeerPair, links: Mapping[int, PeerLink], latency_bytes: int 
         how = "NVLink per NVML" if pair.nvlink else "above the PCIe raw rate: NVLink"
         return Verdict(vid, PASS, f"{g}: {pair.gbps:.1f} GB/s P2P ({how}, no PCIe floor){latency}", details)
     if raw is None:
+        collapse = peer_write_read(pair, roots or {})
+        if collapse is not None:
+            return dataclasses.replace(collapse, details=details)
         status = next((link.status for i in (pair.src, pair.dst) if (link := links.get(i)) and link.status != "ok"), "")
         return Verdict(
             vid,
@@ -565,6 +626,18 @@ def peer_pair(pair: PeerPair, links: Mapping[int, PeerLink], latency_bytes: int 
             f"{g}: {pair.gbps:.1f} GB/s P2P; no floor: NVML gives no maximum link ({status or 'not read'})",
             details,
         )
+    collapse = peer_write_read(pair, roots or {})
+    floor = _peer_floor(pair, raw, details, latency)
+    if collapse is not None and _RANK[collapse.status] >= _RANK[floor.status]:  # the more specific cause first
+        return dataclasses.replace(collapse, details=floor.details)
+    return floor
+
+
+def _peer_floor(pair: PeerPair, raw: tuple[float, str], details: str, latency: str) -> Verdict:
+    """A P2P pair over PCIe against the floor of the slower of its two links."""
+    vid = "gpu_peer_bandwidth"
+    g = f"GPU {pair.src} -> {pair.dst}"
+    assert pair.gbps is not None
     rate, which = raw
     warn_floor, fail_floor = rate * PEER_WARN_FRACTION, rate * PEER_FAIL_FRACTION
     details += (
@@ -573,7 +646,8 @@ def peer_pair(pair: PeerPair, links: Mapping[int, PeerLink], latency_bytes: int 
     )
     share = f"{pair.gbps / rate:.0%} of {which} raw {rate:.1f} GB/s"
     if pair.gbps >= warn_floor:
-        return Verdict(vid, PASS, f"{g}: {pair.gbps:.1f} GB/s P2P over PCIe ({share}){latency}", details)
+        reads = f", reads {pair.read_gbps:.1f} GB/s" if pair.read_gbps is not None else ""
+        return Verdict(vid, PASS, f"{g}: {pair.gbps:.1f} GB/s P2P over PCIe ({share}){reads}{latency}", details)
     return Verdict(
         vid,
         FAIL if pair.gbps < fail_floor else WARN,
@@ -583,11 +657,13 @@ def peer_pair(pair: PeerPair, links: Mapping[int, PeerLink], latency_bytes: int 
     )
 
 
-def peer_bandwidth(answer: PeerAnswer) -> Verdict:
+def peer_bandwidth(
+    answer: PeerAnswer, roots: Mapping[int, str] | None = None, geforce: frozenset[int] = frozenset()
+) -> Verdict:
     """Every ordered pair judged, folded into one verdict: the worst status, its pairs in the summary."""
     vid = "gpu_peer_bandwidth"
     links = {link.index: link for link in answer.links}
-    verdicts = [peer_pair(p, links, answer.latency_bytes) for p in answer.pairs]
+    verdicts = [peer_pair(p, links, answer.latency_bytes, roots, geforce) for p in answer.pairs]
     if answer.error:  # libcuda or NVML did not load: no pair was measured
         details = "\n".join(v.details for v in verdicts)
         return Verdict(vid, FAIL, f"the peer-copy probe could not measure: {answer.error}", details)
@@ -602,7 +678,9 @@ def peer_bandwidth(answer: PeerAnswer) -> Verdict:
         waits = [p.latency_us for p in answer.pairs if p.latency_us is not None]
         spread = f"{min(rates):.1f}-{max(rates):.1f} GB/s" if len(set(rates)) > 1 else f"{rates[0]:.1f} GB/s"
         waited = f", latency {min(waits):.1f}-{max(waits):.1f} us" if waits else ""
-        summary = f"{len(verdicts)} ordered GPU pairs, P2P {spread}{waited}"
+        pulls = [p.read_gbps for p in answer.pairs if p.read_gbps is not None]
+        read = f", reads {min(pulls):.1f}-{max(pulls):.1f} GB/s" if pulls else ""
+        summary = f"{len(verdicts)} ordered GPU pairs, P2P {spread}{read}{waited}"
         return Verdict(vid, PASS, summary if len(verdicts) > 1 else bad[0].summary, details)
     listed = "; ".join(v.summary for v in bad)
     summary = bad[0].summary if len(bad) == 1 else f"{len(bad)} of {len(verdicts)} pairs: {listed}"
