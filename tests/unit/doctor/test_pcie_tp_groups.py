@@ -9,6 +9,7 @@ bus order splits both groups of four. No multi-GPU PCIe machine has given a tree
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +22,10 @@ from sm120check.doctor.checks import pcie
 from sm120check.doctor.model import Context, Result
 from sm120check.doctor.payloads import PayloadError
 from sm120check.doctor.pcie import node, sysfs, tp_groups
+from sm120check.doctor.report import RunInfo, to_json
+from sm120check.fleet import render
+from sm120check.fleet.load import node_from_document
+from sm120check.fleet.model import build_fleet
 
 
 def acs(facts: node.PcieFacts) -> Result:
@@ -142,3 +147,32 @@ def test_a_hostile_suggestion_is_refused_naming_the_field(path: tuple[object, ..
     with pytest.raises(PayloadError) as caught:
         tp_groups.TpPlan.from_json(data)
     assert caught.value.field == field
+
+
+def node_report(host: str, facts: node.PcieFacts) -> object:
+    """The doctor's JSON report of a node that ran the pcie_acs check, as the fleet reads it."""
+    info = RunInfo(host=host, version="test", started="2026-12-01T00:00:00Z", seconds=1.0, level=1, manifest="")
+    return json.loads(to_json([acs(facts)], info))
+
+
+def test_the_fleet_view_lists_the_suggestion_of_nodes_behind_several_root_complexes(tmp_path: Path) -> None:
+    two, two_fake = root_complexes(tmp_path / "two", {"00": 4, "80": 4})
+    one, one_fake = plx_switch(tmp_path / "one", ACS_OFF)
+    fleet = build_fleet(
+        [
+            node_from_document("box8", node_report("box8", two.read(two_fake))),
+            node_from_document("box2", node_report("box2", one.read(one_fake))),
+        ]
+    )
+    table = render.table(fleet).splitlines()
+    heading = table.index("TP groups, on nodes whose GPUs are behind several root complexes:")
+    assert table[heading + 1 : heading + 3] == [
+        "box8",
+        "  TP groups (CUDA indices with CUDA_DEVICE_ORDER=PCI_BUS_ID): 8 GPUs behind 2 root complexes "
+        "(4 behind pci0000:00, 4 behind pci0000:80)",
+    ]
+    assert any(line.startswith("  tp 8: no order keeps the group behind one root complex") for line in table)
+    assert "box2" not in table[heading:]
+    nodes = {n["host"]: n for n in json.loads(render.to_json(fleet))["nodes"]}
+    assert nodes["box2"]["tp_groups"] == [] and len(nodes["box8"]["tp_groups"]) == 4
+    assert "## TP groups, on nodes whose GPUs are behind several root complexes" in render.markdown(fleet)

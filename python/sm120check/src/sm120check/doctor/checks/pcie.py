@@ -18,6 +18,7 @@ from sm120check.doctor import remedies
 from sm120check.doctor.model import Check, Context, Result, Status
 from sm120check.doctor.pcie import node, tp_groups
 from sm120check.doctor.pcie.lspci import AcsState
+from sm120check.doctor.pcie.tp_groups import TpPlan
 
 FAMILY = "pcie_p2p"
 GEFORCE_NOTE = "P2P not available on GeForce with the stock driver: expected, P2P features off"
@@ -94,7 +95,7 @@ class AcsData:
     noacs: bool  # pci=noacs on the command line
     reboot_pending: tuple[str, ...]
     p2p_expected: bool
-    tp_groups: tp_groups.TpPlan  # the CUDA_VISIBLE_DEVICES order per tp size that keeps groups behind one root
+    tp_groups: TpPlan  # the CUDA_VISIBLE_DEVICES order per tp size that keeps groups behind one root
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -379,7 +380,8 @@ class IommuCheck:
 class AcsCheck:
     """No bridge above an NVIDIA GPU redirects peer requests (ACS ReqRedir+/CmpltRedir+ hang NCCL P2P).
 
-    Redirection sends P2P up through the root complex and the IOMMU (NVIDIA/nccl#2079)."""
+    Redirection sends P2P up through the root complex and the IOMMU (NVIDIA/nccl#2079). The details also suggest the
+    CUDA_VISIBLE_DEVICES order that keeps each tensor-parallel group behind one root complex (tp_groups)."""
 
     id: ClassVar[str] = "pcie_acs"
     family: ClassVar[str] = FAMILY
