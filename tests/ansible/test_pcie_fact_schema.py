@@ -46,10 +46,12 @@ def test_the_fact_files_the_role_writes_fit_the_schema_the_doctor_reads(tmp_path
             {"pcie_p2p_manage_grub": False, "pcie_p2p_extra_kernel_params": ["pcie_aspm=off"]},
         ),
     }
+    # include_vars outlives its play: every case names every choice another case changes
+    choices = {"pcie_p2p_pci_noacs": False, "pcie_p2p_manage_grub": True, "pcie_p2p_extra_kernel_params": []}
     plays = []
     for case, (variables, overrides) in cases.items():
         vars_file = tmp_path / f"{case}.json"
-        vars_file.write_text(json.dumps({**variables, **overrides}), encoding="utf-8")
+        vars_file.write_text(json.dumps({**variables, **choices, **overrides}), encoding="utf-8")
         plays.append(PLAY.format(case=case, vars_file=json.dumps(str(vars_file))))
     (tmp_path / "play.yml").write_text("".join(plays), encoding="utf-8")
     run = subprocess.run(

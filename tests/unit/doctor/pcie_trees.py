@@ -116,7 +116,7 @@ class Tree:
             (self.root / "sys" / "class" / "iommu" / name).mkdir(parents=True, exist_ok=True)
 
     def cmdline(self, text: str) -> None:
-        (self.root / "proc").mkdir(exist_ok=True)
+        (self.root / "proc").mkdir(parents=True, exist_ok=True)
         (self.root / "proc" / "cmdline").write_text(text + "\n")
 
     def fact(self, reboot: bool, params: Sequence[str], bridges: Sequence[str] = ()) -> Path:

@@ -109,7 +109,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str, Path]]:
-    """{case: (its play's output, launch-command.txt, its config dir)}, from one ansible-playbook run."""
+    """{case: (its play's output as one line, launch-command.txt, its config dir)}, from one ansible-playbook run."""
     tmp = tmp_path_factory.mktemp("launch-p2p")
     plays = []
     for case, (fabric, overrides) in CASES.items():
@@ -138,7 +138,9 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, s
         env={**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_NOCOLOR": "1"},
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
-    outputs = {part.split("]", 1)[0]: part for part in re.split(r"^PLAY \[", run.stdout, flags=re.MULTILINE)[1:]}
+    # ansible.cfg's YAML result format wraps a long message at spaces and doubles a quote: one line per play here.
+    parts = re.split(r"^PLAY \[", run.stdout, flags=re.MULTILINE)[1:]
+    outputs = {part.split("]", 1)[0]: " ".join(part.split()).replace("''", "'") for part in parts}
     return {
         case: (outputs[case], (tmp / case / "etc" / "launch-command.txt").read_text(), tmp / case / "etc")
         for case in CASES
