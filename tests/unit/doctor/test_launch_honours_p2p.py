@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -96,7 +97,7 @@ def three_roots(root: Path) -> node.PcieFacts:
     return tree.read(fake)
 
 
-CASES = {
+CASES: dict[str, tuple[Callable[[Path], node.PcieFacts], dict[str, object]]] = {
     "geforce": (geforce, {"sglang_server_tp_size": 2}),
     "translated-acs-redirect": (translated, {"sglang_server_tp_size": 2}),
     "reboot-due": (reboot_due, {"sglang_server_tp_size": 2}),
@@ -119,7 +120,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, s
         info = RunInfo(host="node", version="test", started="2026-12-01T00:00:00Z", seconds=3.0, level=3, manifest="")
         (work / "doctor.json").write_text(to_json([*results, *level3_passes()], info), encoding="utf-8")
         (work / "units").mkdir()
-        variables = {
+        variables: dict[str, object] = {
             "sglang_server_model_path": "/models/Kimi-K2.5-NVFP4",
             "sglang_server_draft_model_path": "/models/Kimi-K2.5-EAGLE3",
             "sglang_server_python": "/opt/sm120kit/venv/bin/python",

@@ -1,6 +1,6 @@
 """One schema for the pcie_p2p fact file (doctor/pcie/pcie_p2p.schema.json): the doctor's reader validates with it
 (strict_schema.py) and the `jsonschema` package agrees with that reader on good and hostile files; the package ships
-it. tests/ansible/test_pcie_fact_schema.py checks the role's own files against the same schema.
+it. tests/ansible/test_pcie_role_fact_file.py checks the role's own files against the same schema.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_pcie_p2p_role import ANSIBLE, ROOT, node
@@ -35,7 +36,7 @@ PLAY = """- name: Write the fact file as the pcie_p2p role does ({case})
 
 
 def test_the_fact_files_the_role_writes_fit_the_schema_the_doctor_reads(tmp_path: Path) -> None:
-    cases = {
+    cases: dict[str, tuple[dict[str, Any], dict[str, object]]] = {
         "amd-reboot-due": (node(tmp_path / "amd", "amd", "BOOT_IMAGE=/vmlinuz ro quiet"), {}),
         "intel-booted": (
             node(tmp_path / "intel", "intel", "ro quiet intel_iommu=on iommu=pt pci=noacs"),
