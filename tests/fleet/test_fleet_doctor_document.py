@@ -118,6 +118,7 @@ def test_the_sglang_server_role_reads_the_verdicts_of_a_written_report(tmp_path:
                         "sglang_server_doctor_report": str(path),
                         "sglang_server_allreduce_fusion": "auto",
                         "sglang_server_symm_mem": "auto",
+                        "sglang_server_custom_all_reduce": "auto",
                     },
                     "tasks": [
                         {"ansible.builtin.import_tasks": str(role / "tasks" / "verdicts.yml")},

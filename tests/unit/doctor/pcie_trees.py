@@ -116,7 +116,7 @@ class Tree:
             (self.root / "sys" / "class" / "iommu" / name).mkdir(parents=True, exist_ok=True)
 
     def cmdline(self, text: str) -> None:
-        (self.root / "proc").mkdir(exist_ok=True)
+        (self.root / "proc").mkdir(parents=True, exist_ok=True)
         (self.root / "proc" / "cmdline").write_text(text + "\n")
 
     def fact(self, reboot: bool, params: Sequence[str], bridges: Sequence[str] = ()) -> Path:
@@ -172,4 +172,22 @@ def plx_switch(root: Path, downstream_ctl: str, group_type: str = "identity") ->
         tree.bridge(["pci0000:00", rp, up, down], vendor="0x10b5")
         tree.device(["pci0000:00", rp, up, down, gpu], group=str(40 + n), group_type=group_type)
         fake.names[down], fake.ctl[down], fake.names[gpu] = PLX, downstream_ctl, RTX_PRO
+    return tree, fake
+
+
+def root_complexes(root: Path, layout: dict[str, int]) -> tuple[Tree, FakeLspci]:
+    """GPUs behind root complexes, {host bridge bus "00": GPU count}: each GPU under its own root port
+    (0000:BB:0N.0) on bus BB+N+1, a switchless server's shape (built, not recorded: no thread gave such a tree);
+    IOMMU passthrough, ACS off (NVIDIA/nccl#304's "working" line)."""
+    tree = Tree(root)
+    tree.cmdline("BOOT_IMAGE=/vmlinuz ro iommu=pt")
+    fake = FakeLspci()
+    for bus, count in layout.items():
+        host = f"pci0000:{bus}"
+        for n in range(count):
+            port = f"0000:{bus}:{n + 1:02x}.0"
+            gpu = f"0000:{int(bus, 16) + n + 1:02x}:00.0"
+            tree.bridge([host, port])
+            tree.device([host, port, gpu], group=str(int(bus, 16) + n), group_type="identity")
+            fake.names[port], fake.ctl[port], fake.names[gpu] = "PCI bridge: root port", ACS_OFF, RTX_PRO
     return tree, fake

@@ -182,7 +182,7 @@ def test_a_malformed_fact_file_warns_naming_the_field(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace('"schema": 1', '"schema": "1"'))
     iommu = run(tree.read(fake))["iommu"]
     assert iommu.status is Status.WARN and iommu.remedy == remedies.PCIE_FACT_FILE
-    assert "field schema is '1'" in iommu.summary
+    assert 'field `schema` is "1", this doctor reads schema 1' in iommu.summary
 
 
 def test_both_checks_are_level_1_in_the_catalogue_under_pcie_p2p() -> None:

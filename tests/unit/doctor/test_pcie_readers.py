@@ -222,15 +222,18 @@ def test_missing_fact_file_means_not_provisioned(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"schema": 2}, "field schema is 2"),
-        ({"schema": True}, "field schema is True"),
-        ({"reboot_required": "yes"}, "field reboot_required is not a boolean"),
-        ({"changes": "iommu=pt"}, "field changes is not a list"),
-        ({"kernel_params": ["iommu=pt", 7]}, "field kernel_params[1] is not a string"),
-        ({"acs_bridges": ["x"] * 300}, "field acs_bridges has more than 256 items"),
-        ({"written_at": "yesterday"}, "field written_at is not an ISO-8601 time"),
-        ({"written_at": _DROP}, "field written_at is missing"),
-        ({"extra": 1}, "unknown field(s) extra"),
+        ({"schema": 2}, "field `schema` is 2, this doctor reads schema 1"),
+        ({"schema": True}, "field `schema` is true, this doctor reads schema 1"),
+        ({"reboot_required": "yes"}, 'field `reboot_required` must be true or false, not "yes"'),
+        ({"changes": "iommu=pt"}, 'field `changes` must be a list of sentences (at most 256), not "iommu=pt"'),
+        ({"kernel_params": ["iommu=pt", 7]}, "field `kernel_params[1]` must be a kernel parameter"),
+        ({"kernel_params": ["iommu=pt quiet"]}, "field `kernel_params[0]` must be a kernel parameter"),
+        ({"acs_bridges": ["0000:40:01.1"] * 300}, "field `acs_bridges` has 300 items, more than 256"),
+        ({"acs_bridges": ["x"]}, "field `acs_bridges[0]` must be a PCI address such as 0000:40:01.1"),
+        ({"written_at": "yesterday"}, "field `written_at` must be an ISO-8601 time such as 2026-12-01T23:00:00Z"),
+        ({"written_at": "2026-13-45T00:00:00Z"}, "field `written_at` is not a real time"),
+        ({"written_at": _DROP}, "has no `written_at` field"),
+        ({"extra": 1}, 'has an unknown field "extra" in `(top level)` (schema 1)'),
     ],
 )
 def test_malformed_fact_file_names_the_field(tmp_path: Path, fields: dict[str, object], message: str) -> None:

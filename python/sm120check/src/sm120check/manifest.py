@@ -26,13 +26,12 @@ import enum
 import functools
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from sm120check import bounded
+from sm120check import bounded, strict_schema
 
 DEFAULT_PATH = Path("/etc/sm120kit/manifest.json")
 ENV_VAR = "SM120KIT_MANIFEST"
@@ -127,28 +126,10 @@ def _depth(text: str) -> int:
     return deepest
 
 
-# --- the strict reader of manifest.schema.json ---------------------------------------------------------------------
+# --- manifest.schema.json, read by the strict reader (strict_schema.py) ---------------------------------------------
 
-_ANNOTATIONS = frozenset({"$schema", "$id", "$comment", "title", "description", "$defs"})
-_KEYWORDS = _ANNOTATIONS | {
-    "$ref",
-    "type",
-    "const",
-    "properties",
-    "required",
-    "additionalProperties",
-    "propertyNames",
-    "pattern",
-    "minLength",
-    "maxLength",
-    "maxProperties",
-}
-_TYPES: Mapping[str, tuple[type, ...]] = {"object": (dict,), "string": (str,), "integer": (int,)}
 _QUIET = ("env",)  # values that may be tokens: never echoed in an error
-
-
-class SchemaViolation(ValueError):
-    """A value breaks manifest.schema.json; the message names the field (`cuda.lib_dir`) and what it must be."""
+SchemaViolation = strict_schema.SchemaViolation
 
 
 @functools.cache
@@ -158,98 +139,17 @@ def schema() -> Mapping[str, object]:
     return loaded
 
 
-@functools.cache
-def _regex(pattern: str) -> re.Pattern[str]:
-    # JSON Schema patterns are ECMA-262: a final `$` is the end of the string, where Python's also matches before a
-    # final newline ("13.0.1\n" would pass).
-    return re.compile(pattern[:-1] + r"\Z" if pattern.endswith("$") and not pattern.endswith("\\$") else pattern)
-
-
-def _node(root: Mapping[str, object], node: object) -> Mapping[str, object]:
-    """A schema node, its local $ref followed; an unknown keyword is an error (this reader would silently skip it)."""
-    if not isinstance(node, dict):
-        raise RuntimeError(f"{SCHEMA_FILE}: a schema node is not an object: {node!r}")
-    unknown = sorted(set(node) - _KEYWORDS)
-    if unknown:
-        raise RuntimeError(f"{SCHEMA_FILE} uses {unknown}, which sm120check.manifest.validate does not implement")
-    ref = node.get("$ref")
-    if ref is None:
-        return node
-    if not (isinstance(ref, str) and ref.startswith("#/$defs/")) or len(node) > 1:
-        raise RuntimeError(f"{SCHEMA_FILE}: only a bare local $ref (#/$defs/NAME) is supported, not {node!r}")
-    defs = root.get("$defs")
-    target = defs.get(ref.removeprefix("#/$defs/")) if isinstance(defs, dict) else None
-    if target is None:
-        raise RuntimeError(f"{SCHEMA_FILE}: {ref} is not defined")
-    return _node(root, target)
+def _schema() -> strict_schema.Schema:
+    return strict_schema.Schema(SCHEMA_FILE, SCHEMA, schema(), _QUIET)
 
 
 def _shown(where: str, value: object) -> str:
-    if where.split(".", 1)[0] in _QUIET and where not in _QUIET:  # an env value: its kind, never its text
-        kinds = {str: "a string", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
-        return f"{kinds.get(type(value), 'a JSON value')} of {len(json.dumps(value))} characters"
-    text = json.dumps(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
-
-
-def _check(root: Mapping[str, object], raw_node: object, value: object, where: str) -> None:
-    node = _node(root, raw_node)
-    what = str(node.get("description", "valid"))
-    kind = node.get("type")
-    if kind is not None:
-        types = _TYPES[str(kind)]
-        if not isinstance(value, types) or isinstance(value, bool):
-            raise SchemaViolation(f"field `{where}` must be {what}, not {_shown(where, value)}")
-    if "const" in node and not (value == node["const"] and type(value) is type(node["const"])):
-        raise SchemaViolation(f"field `{where}` must be {what}, not {_shown(where, value)}")
-    if isinstance(value, str):
-        min_length, max_length = node.get("minLength"), node.get("maxLength")
-        if isinstance(max_length, int) and len(value) > max_length:
-            raise SchemaViolation(f"field `{where}` must be {what}, not a string of {len(value)} characters")
-        if isinstance(min_length, int) and len(value) < min_length:
-            raise SchemaViolation(f"field `{where}` must be {what}, not {_shown(where, value)}")
-        pattern = node.get("pattern")
-        if isinstance(pattern, str) and not _regex(pattern).search(value):
-            raise SchemaViolation(f"field `{where}` must be {what}, not {_shown(where, value)}")
-    if isinstance(value, dict):
-        _check_object(root, node, value, where)
-
-
-def _check_object(root: Mapping[str, object], node: Mapping[str, object], value: dict[str, object], where: str) -> None:
-    prefix = f"{where}." if where else ""
-    most = node.get("maxProperties")
-    if isinstance(most, int) and len(value) > most:
-        raise SchemaViolation(f"field `{where}` has {len(value)} entries, more than {most}")
-    required = node.get("required", [])
-    for name in required if isinstance(required, list) else []:
-        if name not in value:
-            raise SchemaViolation(f"has no `{prefix}{name}` field")
-    names = node.get("propertyNames")
-    properties = node.get("properties", {})
-    extra = node.get("additionalProperties", True)
-    for key, item in value.items():
-        if names is not None:
-            name_node = _node(root, names)
-            try:
-                _check(root, name_node, key, "")
-            except SchemaViolation:
-                shown = json.dumps(key) if len(key) <= 80 else f"a key of {len(key)} characters"
-                raise SchemaViolation(
-                    f"field `{where}` has the key {shown}, not {name_node.get('description', 'a valid key')}"
-                ) from None
-        if isinstance(properties, dict) and key in properties:
-            _check(root, properties[key], item, prefix + key)
-        elif extra is False:
-            shown = json.dumps(key) if len(key) <= 80 else f"of {len(key)} characters"
-            raise SchemaViolation(f"has an unknown field {shown} in `{where or '(top level)'}` (schema {SCHEMA})")
-        elif isinstance(extra, dict):
-            _check(root, extra, item, prefix + key)
+    return strict_schema.shown(_schema(), where, value)
 
 
 def validate(raw: object) -> None:
     """Raise SchemaViolation naming the first field of `raw` that breaks manifest.schema.json."""
-    root = schema()
-    _check(root, root, raw, "")
+    strict_schema.validate(_schema(), raw)
 
 
 def _obj(raw: Mapping[str, object], name: str) -> dict[str, object]:

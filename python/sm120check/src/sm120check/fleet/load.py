@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from sm120check import bounded
-from sm120check.doctor.document import DoctorReport
+from sm120check.doctor.document import DoctorReport, ReportResult
 from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.pcie.tp_groups import TpPlan
 from sm120check.fleet.model import STUB_STATES, CheckResult, Fleet, NodeReport, NodeState, build_fleet
 from sm120check.fleet.outliers import extract
 
@@ -131,7 +132,21 @@ def _node_from_document(host: str, document: object, source: str) -> NodeReport:
         figures=measured.figures,
         ignored=measured.ignored,
         reported_host=report.host if report.host and report.host != host else "",
+        tp_groups=_tp_groups(report.results),
     )
+
+
+def _tp_groups(results: tuple[ReportResult, ...]) -> tuple[str, ...]:
+    """The pcie_acs check's TP-group lines, only where the node's GPUs are behind several root complexes (one root
+    complex: any order will do, nothing to say); a suggestion that does not parse is said so, in one line."""
+    acs = next((r for r in results if r.id == "pcie_acs"), None)
+    if acs is None or "tp_groups" not in acs.data:
+        return ()
+    try:
+        plan = TpPlan.from_json(acs.data["tp_groups"])
+    except PayloadError as error:
+        return (f"pcie_acs's TP-group suggestion is unreadable: {error}"[:300],)
+    return plan.lines if len(plan.roots) > 1 else ()
 
 
 def _at(document: object, path: str) -> object:

@@ -58,6 +58,7 @@ class NodeReport:
     figures: tuple[Figure, ...] = ()  # measured numbers from the checks' data (fleet/outliers.py)
     ignored: tuple[Ignored, ...] = ()  # numbers the report gave that were not usable
     reported_host: str = ""  # the host the report names, where it is not the file's name (a copied or renamed file)
+    tp_groups: tuple[str, ...] = ()  # pcie_acs's TP-group suggestion, where the GPUs are behind several root complexes
 
     def result(self, check_id: str) -> CheckResult | None:
         return next((r for r in self.results if r.id == check_id), None)

@@ -38,6 +38,8 @@ NEXT_STEP = (
     "load, `nvidia-smi -q -d PERFORMANCE` (throttle reasons), `nvidia-smi topo -m` (PCIe and NUMA placement); a link "
     "below its peers is the slot, riser or BIOS link setting; `--fail-on-outlier` makes outliers fail the report"
 )
+# Nodes whose GPUs are behind several root complexes: the CUDA_VISIBLE_DEVICES order per tp size (pcie_acs's data)
+TP_HEADING = "TP groups, on nodes whose GPUs are behind several root complexes"
 _IGNORED_SHOWN = 20  # in the table and Markdown; fleet.json lists every one
 
 
@@ -164,6 +166,12 @@ def table(fleet: Fleet) -> str:
     if misnamed:
         lines += ["", "Node files whose report names another host:"]
         lines += [f"  {hosts[n.host]}: {_tty(misnamed_note(n))}" for n in misnamed]
+    grouped = [n for n in fleet.nodes if n.tp_groups]
+    if grouped:
+        lines += ["", TP_HEADING + ":"]
+        for node in grouped:
+            lines.append(f"{hosts[node.host]}")
+            lines += [f"  {_tty(line.strip())}" for line in node.tp_groups]
     if _has_figures(fleet):
         lines += _outlier_table(fleet)
     return "\n".join(lines) + "\n"
@@ -240,6 +248,12 @@ def markdown(fleet: Fleet) -> str:
                 lines.append(f"  - remedy: {_md_code(result.remedy)}")
             if result.details.strip():
                 lines += _md_block(result.details.strip(), indent="  ")
+    grouped = [n for n in fleet.nodes if n.tp_groups]
+    if grouped:
+        lines += ["", f"## {TP_HEADING}"]
+    for node in grouped:
+        lines += ["", f"### {_md_cell(node.host)}", ""]
+        lines += [f"- {_md_cell(line.strip())}" for line in node.tp_groups]
     if flags:
         lines += _md_outliers(fleet)
     return "\n".join(lines) + "\n"
@@ -294,6 +308,7 @@ def _node_dict(node: NodeReport) -> dict[str, object]:
         ],
         "source": node.source or None,
         "reported_host": node.reported_host or None,
+        "tp_groups": list(node.tp_groups),
     }
 
 

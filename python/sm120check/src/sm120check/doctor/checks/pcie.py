@@ -16,12 +16,17 @@ from typing import ClassVar
 
 from sm120check.doctor import remedies
 from sm120check.doctor.model import Check, Context, Result, Status
-from sm120check.doctor.pcie import node
+from sm120check.doctor.pcie import node, tp_groups
 from sm120check.doctor.pcie.lspci import AcsState
+from sm120check.doctor.pcie.tp_groups import TpPlan
 
 FAMILY = "pcie_p2p"
 GEFORCE_NOTE = "P2P not available on GeForce with the stock driver: expected, P2P features off"
 ONE_GPU = "P2P does not matter with one GPU"
+# The kernel prints its built-in default domain type at boot (iommu_subsys_init, a subsys_initcall: "iommu: Print
+# default domain type on boot", Joerg Roedel, 2019) whether or not an IOMMU is there: without a unit or a group it
+# names no device's translation.
+BUILT_IN_DOMAIN = "the kernel's built-in default, logged with or without an IOMMU: no IOMMU unit or group here"
 
 
 def is_geforce(name: str) -> bool:
@@ -36,6 +41,7 @@ class GpuRow:
     iommu_group: str
     group_type: str
     bridges: tuple[str, ...]
+    root_complex: str = ""  # the host bridge above it ("pci0000:40")
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -45,6 +51,7 @@ class GpuRow:
             "iommu_group": self.iommu_group,
             "group_type": self.group_type,
             "bridges": list(self.bridges),
+            "root_complex": self.root_complex,
         }
 
 
@@ -52,7 +59,7 @@ def gpu_rows(pf: node.PcieFacts, nvml_names: Mapping[str, str]) -> tuple[GpuRow,
     rows = []
     for g in pf.sysfs.gpus:
         name = pf.names.get(g.bdf) or nvml_names.get(g.bdf, "")
-        rows.append(GpuRow(g.bdf, name, is_geforce(name), g.iommu_group, g.group_type, g.bridges))
+        rows.append(GpuRow(g.bdf, name, is_geforce(name), g.iommu_group, g.group_type, g.bridges, g.host_bridge))
     return tuple(rows)
 
 
@@ -62,7 +69,7 @@ class IommuData:
     kind: str  # "Intel VT-d", "AMD-Vi", "" (no IOMMU seen)
     mode: str  # "none", "off", "passthrough", "translated", "unknown"
     cmdline: tuple[str, ...]  # the IOMMU / pci= tokens of /proc/cmdline
-    default_domain: str  # the kernel log's "Default domain type", "" when not logged
+    default_domain: str  # the kernel log's "Default domain type"; "" when not logged or no IOMMU is there
     provisioned: bool  # the pcie_p2p fact file exists and is valid
     reboot_pending: tuple[str, ...]  # kernel params the role set that /proc/cmdline still lacks
     p2p_expected: bool  # False: fewer than two GPUs, or GeForce (no P2P with the stock driver)
@@ -88,6 +95,7 @@ class AcsData:
     noacs: bool  # pci=noacs on the command line
     reboot_pending: tuple[str, ...]
     p2p_expected: bool
+    tp_groups: TpPlan  # the CUDA_VISIBLE_DEVICES order per tp size that keeps groups behind one root
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -97,6 +105,7 @@ class AcsData:
             "noacs": self.noacs,
             "reboot_pending": list(self.reboot_pending),
             "p2p_expected": self.p2p_expected,
+            "tp_groups": self.tp_groups.to_json(),
         }
 
 
@@ -144,13 +153,18 @@ def _kind(pf: node.PcieFacts) -> str:
     return ""
 
 
+def _iommu_seen(pf: node.PcieFacts, gpus: tuple[GpuRow, ...]) -> bool:
+    """An IOMMU unit in /sys/class/iommu or a GPU in an IOMMU group: without either, no DMA is translated."""
+    return bool(pf.sysfs.units) or any(g.iommu_group for g in gpus)
+
+
 def _mode(pf: node.PcieFacts, gpus: tuple[GpuRow, ...]) -> str:
     types = {g.group_type for g in gpus if g.group_type}
     if any(t.startswith("DMA") for t in types):
         return "translated"
     if types and all(t == "identity" for t in types):
         return "passthrough"
-    if not pf.sysfs.units and not any(g.iommu_group for g in gpus):
+    if not _iommu_seen(pf, gpus):
         return "off" if pf.cmdline is not None and pf.cmdline.off else "none"
     if pf.cmdline is not None and pf.cmdline.passthrough:
         return "passthrough"
@@ -169,12 +183,13 @@ def iommu_verdict(pf: node.PcieFacts, nvml_names: Mapping[str, str] | None = Non
     mode = _mode(pf, gpus)
     params = pf.cmdline.relevant if pf.cmdline is not None else ()
     geforce = any(g.geforce for g in gpus)
+    seen = _iommu_seen(pf, gpus)
     data = IommuData(
         gpus,
         kind,
         mode,
         params,
-        pf.log.default_domain,
+        pf.log.default_domain if seen else "",
         pf.fact.fact is not None,
         pending,
         len(gpus) >= 2 and not geforce,
@@ -189,6 +204,7 @@ def iommu_verdict(pf: node.PcieFacts, nvml_names: Mapping[str, str] | None = Non
         f"/sys/class/iommu: {units}",
         _cmdline_line(pf),
         *(f"kernel log: {line}" for line in pf.log.lines[:6]),
+        *([f"default domain {pf.log.default_domain}: {BUILT_IN_DOMAIN}"] if pf.log.default_domain and not seen else []),
         *([f"kernel log: {pf.log.error}"] if pf.log.error else []),
         _fact_line(pf),
         *pf.sysfs.skipped[:5],
@@ -253,7 +269,8 @@ def acs_verdict(pf: node.PcieFacts, nvml_names: Mapping[str, str] | None = None)
     noacs = pf.cmdline is not None and pf.cmdline.noacs
     pending = pending_params(pf)
     geforce = any(g.geforce for g in gpus)
-    data = AcsData(gpus, bridges, redirecting, noacs, pending, len(gpus) >= 2 and not geforce)
+    plan = tp_groups.plan(tp_groups.places(pf.sysfs.gpus))
+    data = AcsData(gpus, bridges, redirecting, noacs, pending, len(gpus) >= 2 and not geforce, plan)
     lines = [
         f"{g.bdf} ({g.name or 'NVIDIA GPU'}) <- {' <- '.join(g.bridges) or 'no bridge (on a root bus)'}" for g in gpus
     ]
@@ -267,7 +284,7 @@ def acs_verdict(pf: node.PcieFacts, nvml_names: Mapping[str, str] | None = None)
         lines.append(
             f"pcie_p2p cleared ACS on {', '.join(still)} (its fact file), yet lspci shows redirection there now"
         )
-    lines += [_cmdline_line(pf), _fact_line(pf)]
+    lines += [_cmdline_line(pf), _fact_line(pf), *plan.lines]
     verdict = partial(Result, "pcie_acs", details="\n".join(lines), data=data.to_json())
     return _acs_result(verdict, pf, gpus, bridges, redirecting, pending, geforce)
 
@@ -363,7 +380,8 @@ class IommuCheck:
 class AcsCheck:
     """No bridge above an NVIDIA GPU redirects peer requests (ACS ReqRedir+/CmpltRedir+ hang NCCL P2P).
 
-    Redirection sends P2P up through the root complex and the IOMMU (NVIDIA/nccl#2079)."""
+    Redirection sends P2P up through the root complex and the IOMMU (NVIDIA/nccl#2079). The details also suggest the
+    CUDA_VISIBLE_DEVICES order that keeps each tensor-parallel group behind one root complex (tp_groups)."""
 
     id: ClassVar[str] = "pcie_acs"
     family: ClassVar[str] = FAMILY

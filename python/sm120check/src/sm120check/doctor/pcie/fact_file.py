@@ -3,30 +3,64 @@
 Schema 1, exactly these keys (the role writes it, the doctor reads it; no other key is allowed):
     {"schema": 1, "reboot_required": bool, "changes": [str, ...], "kernel_params": [str, ...],
      "acs_bridges": [str, ...], "written_at": "ISO-8601"}
-Read strictly: bounded, a regular file only, JSON, every field of its type; an error names the file and the field.
-A missing file is not an error: the node was not provisioned by pcie_p2p.
+The contract is pcie_p2p.schema.json, shipped beside this module: `read` validates with it (strict_schema.py, the
+standard library only), and the tests validate the role's rendered file and hostile files against the same schema
+with the `jsonschema` package. Read strictly: bounded, a regular file only, JSON, the schema, then a `written_at`
+that is a real time; an error names the file and the field. A missing file is not an error: the node was not
+provisioned by pcie_p2p.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
+from sm120check import strict_schema
 from sm120check.bounded import Unreadable, read_text
 
 DEFAULT_PATH = Path("/var/lib/sm120kit/pcie-p2p.json")
 SCHEMA = 1
+SCHEMA_FILE = "pcie_p2p.schema.json"
 MAX_BYTES = 64 << 10
-MAX_ITEMS = 256
-MAX_ITEM_CHARS = 512
 KEYS = ("schema", "reboot_required", "changes", "kernel_params", "acs_bridges", "written_at")
 
 
 class FactError(ValueError):
     """The fact file does not fit schema 1 (the message names the field)."""
+
+
+@functools.cache
+def schema() -> Mapping[str, object]:
+    """pcie_p2p.schema.json as shipped in this package."""
+    loaded: dict[str, object] = json.loads(resources.files(__package__).joinpath(SCHEMA_FILE).read_text("utf-8"))
+    return loaded
+
+
+def validate(data: object) -> None:
+    """Raise FactError naming the first field of `data` that breaks pcie_p2p.schema.json."""
+    if isinstance(data, dict) and "schema" in data and not (type(data["schema"]) is int and data["schema"] == SCHEMA):
+        shown = json.dumps(data["schema"])[:64]
+        raise FactError(f"field `schema` is {shown}, this doctor reads schema {SCHEMA} (rerun the pcie_p2p role)")
+    if not isinstance(data, dict):
+        raise FactError(f"the document is a JSON {_json_kind(data)}, not an object")
+    try:
+        strict_schema.validate(strict_schema.Schema(SCHEMA_FILE, SCHEMA, schema()), data)
+    except strict_schema.SchemaViolation as exc:
+        raise FactError(str(exc)) from None
+    written = str(data["written_at"])
+    if not _iso8601(written):
+        raise FactError(f"field `written_at` is not a real time: {written!r}")
+
+
+def _json_kind(data: object) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return kinds.get(type(data), type(data).__name__)
 
 
 @dataclass(frozen=True)
@@ -49,48 +83,18 @@ class PcieP2pFact:
 
     @classmethod
     def from_json(cls, data: object) -> PcieP2pFact:
-        if not isinstance(data, dict):
-            raise FactError(f"the document is a JSON {type(data).__name__}, not an object")
-        unknown = sorted(str(k) for k in data if k not in KEYS)
-        if unknown:
-            raise FactError(f"unknown field(s) {', '.join(unknown)}")
-        missing = [k for k in KEYS if k not in data]
-        if missing:
-            raise FactError(f"field {missing[0]} is missing")
-        schema = data["schema"]
-        if type(schema) is not int or schema != SCHEMA:
-            raise FactError(f"field schema is {schema!r}, this doctor reads schema {SCHEMA}")
-        if type(data["reboot_required"]) is not bool:
-            raise FactError("field reboot_required is not a boolean")
-        written = data["written_at"]
-        if not isinstance(written, str) or not _iso8601(written):
-            raise FactError(f"field written_at is not an ISO-8601 time: {str(written)[:64]!r}")
+        validate(data)
+        assert isinstance(data, dict)  # validate() checked it, and every field below
         return cls(
-            data["reboot_required"],
-            _strings(data, "changes"),
-            _strings(data, "kernel_params"),
-            _strings(data, "acs_bridges"),
-            written,
+            bool(data["reboot_required"]),
+            tuple(data["changes"]),
+            tuple(data["kernel_params"]),
+            tuple(data["acs_bridges"]),
+            str(data["written_at"]),
         )
 
 
-def _strings(data: dict[str, object], key: str) -> tuple[str, ...]:
-    value = data[key]
-    if not isinstance(value, list):
-        raise FactError(f"field {key} is not a list")
-    if len(value) > MAX_ITEMS:
-        raise FactError(f"field {key} has more than {MAX_ITEMS} items")
-    for index, item in enumerate(value):
-        if not isinstance(item, str):
-            raise FactError(f"field {key}[{index}] is not a string")
-        if len(item) > MAX_ITEM_CHARS:
-            raise FactError(f"field {key}[{index}] is longer than {MAX_ITEM_CHARS} characters")
-    return tuple(value)
-
-
 def _iso8601(text: str) -> bool:
-    if len(text) > 40:
-        return False
     try:
         dt.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
     except ValueError:

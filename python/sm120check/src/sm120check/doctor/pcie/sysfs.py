@@ -3,7 +3,8 @@
 - `<root>/sys/bus/pci/devices/<bdf>/{vendor,class}`: NVIDIA is vendor 0x10de; a GPU is class 0x0300xx (VGA) or
   0x0302xx (3D controller); the GPU's HDMI audio function (0x0403xx) is not one.
 - The realpath of `<root>/sys/bus/pci/devices/<bdf>` is `.../devices/pci0000:40/0000:40:01.1/0000:41:00.0`: the
-  BDFs between the host bridge and the device are its upstream bridges, the first one its root port.
+  BDFs between the host bridge and the device are its upstream bridges, the first one its root port; the directory
+  before them (`pci0000:40`, domain and root bus) is the host bridge, the root complex the GPU sits behind.
 - `<bdf>/iommu_group` links to `<root>/sys/kernel/iommu_groups/<n>`, whose `type` is "identity" (passthrough),
   "DMA" or "DMA-FQ" (translated), "blocked" or "unmanaged" (a VFIO user).
 - `<root>/sys/class/iommu/*`: `dmar<N>` units are Intel VT-d, `ivhd<N>` AMD-Vi.
@@ -26,6 +27,7 @@ MAX_DEPTH = 32  # bridges between a device and its host bridge
 ATTRIBUTE_BYTES = 64 << 10  # sysfs attributes are one page; /proc/cmdline is at most a few KiB
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _GROUP = re.compile(r"^[0-9]{1,6}$")
+_HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 
 
 def is_bdf(text: str) -> bool:
@@ -57,6 +59,7 @@ class SysGpu:
     device: str  # "0x2bb1"
     pci_class: str  # "0x030200"
     bridges: tuple[str, ...]  # upstream bridges, nearest first; the last is the root port ("" chain: on a root bus)
+    host_bridge: str = ""  # the root complex: "pci0000:40" ("" when the sysfs path names none)
     iommu_group: str = ""  # "" when the device has none
     group_type: str = ""  # the group's type, "" when unreadable or no group
     problem: str = ""  # why part of it could not be read
@@ -67,6 +70,7 @@ class SysGpu:
             "device": self.device,
             "class": self.pci_class,
             "bridges": list(self.bridges),
+            "host_bridge": self.host_bridge,
             "iommu_group": self.iommu_group,
             "group_type": self.group_type,
             "problem": self.problem,
@@ -106,19 +110,28 @@ def _listdir(path: Path, limit: int = MAX_DEVICES) -> list[str]:
     return sorted(names)
 
 
-def bridge_chain(root: Path, bdf: str) -> tuple[str, ...]:
-    """The upstream bridges of `bdf`, nearest first (its root port last), from the realpath of its sysfs entry.
-    Raises Unreadable when the entry does not resolve inside `root` or is too deep."""
+def placement(root: Path, bdf: str) -> tuple[tuple[str, ...], str]:
+    """(the upstream bridges of `bdf`, nearest first and its root port last; its host bridge, "" when the path
+    names none), from the realpath of its sysfs entry. Raises Unreadable when the entry does not resolve inside
+    `root` or is too deep."""
     real = os.path.realpath(root / "sys" / "bus" / "pci" / "devices" / bdf)
     if not _inside(real, root):
         raise Unreadable(f"{bdf}: its sysfs entry leads outside {root}")
-    parts = [p for p in Path(real).parts if is_bdf(p)]
+    names = Path(real).parts
+    parts = [p for p in names if is_bdf(p)]
     if not parts or parts[-1] != bdf:
         raise Unreadable(f"{bdf}: its sysfs path {real} does not end in the device")
     upstream = parts[:-1]
     if len(upstream) > MAX_DEPTH:
         raise Unreadable(f"{bdf}: more than {MAX_DEPTH} bridges above it")
-    return tuple(reversed(upstream))
+    first = names.index(parts[0])
+    host = names[first - 1] if first > 0 and _HOST_BRIDGE.match(names[first - 1]) else ""
+    return tuple(reversed(upstream)), host
+
+
+def bridge_chain(root: Path, bdf: str) -> tuple[str, ...]:
+    """The upstream bridges of `bdf`, nearest first (its root port last); see `placement`."""
+    return placement(root, bdf)[0]
 
 
 def _group(root: Path, device: Path) -> tuple[str, str, str]:
@@ -168,10 +181,10 @@ def read(root: Path = Path("/")) -> SysfsView:
             if not pci_class.startswith(GPU_CLASSES):
                 continue
             device_id = read_text(device / "device", 64).strip().lower()
-            bridges = bridge_chain(root, name)
+            bridges, host = placement(root, name)
         except Unreadable as exc:
             skipped.append(str(exc))
             continue
         number, kind, problem = _group(root, device)
-        gpus.append(SysGpu(name, device_id[:16], pci_class[:16], bridges, number, kind, problem))
+        gpus.append(SysGpu(name, device_id[:16], pci_class[:16], bridges, host, number, kind, problem))
     return SysfsView(tuple(gpus), units(root), skipped=tuple(skipped))
