@@ -16,15 +16,13 @@ from __future__ import annotations
 import ast
 import json
 import shutil
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from lab.sglang_releases import CACHE, release_dir, run_cli
+from lab.sglang_releases import release_dir, run_cli
+from lab.wheels import flashinfer_wheel, read_member
 from sm120check.sglang import preflight
 from sm120check.sglang.errors import Refusal
 from sm120check.sglang.textedit import MARK
@@ -92,28 +90,7 @@ def _prop() -> object:
 
 
 def flashinfer_source(rel: str) -> str:
-    wheels = CACHE.parent / "flashinfer" / "wheels"
-    found = sorted(wheels.glob(f"flashinfer_python-{FLASHINFER}-*.whl"))
-    if not found:
-        wheels.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--no-deps",
-                "-d",
-                str(wheels),
-                f"flashinfer-python=={FLASHINFER}",
-            ],
-            check=True,
-            timeout=600,
-        )
-        found = sorted(wheels.glob(f"flashinfer_python-{FLASHINFER}-*.whl"))
-    with zipfile.ZipFile(found[0]) as wheel:
-        return wheel.read(f"flashinfer/{rel}").decode("utf-8")
+    return read_member(flashinfer_wheel(FLASHINFER), f"flashinfer/{rel}")
 
 
 def _constant(text: str, name: str) -> int:
