@@ -27,8 +27,9 @@ from doctor_helpers import facts_for
 from pcie_trees import ACS_OFF, GEFORCE, FakeLspci, Tree, amd_root_ports, recorded, root_complexes
 
 from sm120check.doctor import remedies, runner
-from sm120check.doctor.checks import pcie
+from sm120check.doctor.checks import pairs, pcie
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.payloads.nccl_pair import PairRun
 from sm120check.doctor.pcie import node
 from sm120check.doctor.report import RunInfo, to_json
 
@@ -105,7 +106,19 @@ CASES: dict[str, tuple[Callable[[Path], node.PcieFacts], dict[str, object]]] = {
     "one-gpu-h200-vm": (h200_vm, {"sglang_server_tp_size": 1}),
     "geforce-forced-on": (geforce, {"sglang_server_tp_size": 2, "sglang_server_allreduce_fusion": "on"}),
     "three-roots-tp4": (three_roots, {"sglang_server_tp_size": 4}),
+    "clean-but-nccl-pair-hangs": (clean, {"sglang_server_tp_size": 2}),
 }
+
+
+def nccl_pair_hangs() -> Result:
+    """nccl_pairs' real verdict on a pair whose all-reduce hangs with P2P and finishes with NCCL_P2P_DISABLE=1 (the
+    runs are what its watchdog would report; no GPU here)."""
+    hung = PairRun((0, 1), True, finished=False, hung=True, seconds=60.0, problem="all_reduce")
+    done = PairRun((0, 1), False, finished=True, hung=False, seconds=4.2, busbw_gbps=9.8)
+    return pairs.judge_pairs([pairs.PairOutcome((0, 1), hung, done)])
+
+
+EXTRA: dict[str, Callable[[], list[Result]]] = {"clean-but-nccl-pair-hangs": lambda: [nccl_pair_hangs()]}
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +131,8 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, s
         work.mkdir()
         results = [Result("driver", Status.PASS, "driver 580.95.05"), *pcie_results(fabric(work / "node"))]
         info = RunInfo(host="node", version="test", started="2026-12-01T00:00:00Z", seconds=3.0, level=3, manifest="")
-        (work / "doctor.json").write_text(to_json([*results, *level3_passes()], info), encoding="utf-8")
+        extra = EXTRA[case]() if case in EXTRA else []
+        (work / "doctor.json").write_text(to_json([*results, *level3_passes(), *extra], info), encoding="utf-8")
         (work / "units").mkdir()
         variables: dict[str, object] = {
             "sglang_server_model_path": "/models/Kimi-K2.5-NVFP4",
@@ -211,3 +225,15 @@ def test_the_play_says_the_tp_groups_order_and_how_to_use_it(rendered: dict[str,
 def test_the_server_environment_numbers_gpus_in_pci_bus_order(rendered: dict[str, tuple[str, str, Path]]) -> None:
     _, _, etc = rendered["clean-two-roots"]
     assert 'CUDA_DEVICE_ORDER="PCI_BUS_ID"' in (etc / "environment").read_text().splitlines()
+
+
+def test_a_pair_whose_nccl_all_reduce_hangs_with_p2p_keeps_them_off_on_a_clean_looking_fabric(
+    rendered: dict[str, tuple[str, str, Path]],
+) -> None:
+    """iommu and pcie_acs pass, but level 3 saw the hang itself: the launch must not start a server that hangs there."""
+    out, cmd, _ = rendered["clean-but-nccl-pair-hangs"]
+    assert "--disable-custom-all-reduce" in cmd and "--enforce-disable-flashinfer-allreduce-fusion" in cmd
+    assert "--enable-torch-symm-mem" not in cmd
+    assert "P2P is not safe here (nccl_pairs fail: GPU 0-1: NCCL all-reduce" in out
+    assert "PCIe P2P between them is blocked (IOMMU translation or ACS redirect)" in out
+    assert remedies.NCCL_PAIR_P2P_BLOCKED.split(":")[0] in out
