@@ -231,9 +231,14 @@ def test_a_pair_whose_nccl_all_reduce_hangs_with_p2p_keeps_them_off_on_a_clean_l
     rendered: dict[str, tuple[str, str, Path]],
 ) -> None:
     """iommu and pcie_acs pass, but level 3 saw the hang itself: the launch must not start a server that hangs there."""
-    out, cmd, _ = rendered["clean-but-nccl-pair-hangs"]
+    out, cmd, etc = rendered["clean-but-nccl-pair-hangs"]
     assert "--disable-custom-all-reduce" in cmd and "--enforce-disable-flashinfer-allreduce-fusion" in cmd
     assert "--enable-torch-symm-mem" not in cmd
     assert "P2P is not safe here (nccl_pairs fail: GPU 0-1: NCCL all-reduce" in out
     assert "PCIe P2P between them is blocked (IOMMU translation or ACS redirect)" in out
     assert remedies.NCCL_PAIR_P2P_BLOCKED.split(":")[0] in out
+    # its NCCL must not use P2P either: SGLang's features off would still leave NCCL's own P2P, which hangs there
+    assert "nccl_pairs failed, so the server runs with NCCL_P2P_DISABLE=1" in out
+    assert 'NCCL_P2P_DISABLE="1"' in (etc / "environment").read_text().splitlines()
+    _, _, clean_etc = rendered["clean-two-roots"]
+    assert "NCCL_P2P_DISABLE" not in (clean_etc / "environment").read_text()
