@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from sm120check.bench import metrics
 from sm120check.bench.server_rate import MIN_LIFETIMES
 from sm120check.sglang import decode_log
 
@@ -179,15 +180,12 @@ class Server:
         return self.log.read_text(encoding="utf-8", errors="replace").splitlines()
 
     def metrics(self) -> dict[str, float]:
-        """The /metrics samples without labels' detail: name -> sum over label sets."""
+        """The /metrics samples without labels' detail: name -> sum over label sets (the bench's own parser)."""
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
-            text = response.read().decode()
+            scrape = metrics.parse(response.read())
         values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("#") or " " not in line:
-                continue
-            name, value = line.rsplit(" ", 1)
-            values[name.split("{")[0]] = values.get(name.split("{")[0], 0.0) + float(value)
+        for sample in scrape.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
         return values
 
     def info(self) -> dict[str, Any]:
