@@ -211,6 +211,14 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
         f"{_D}/health/peer.py",
         f"{_D}/health/load.py",
     ),
+    "scripts/device/pair_machinery.py": (
+        "scripts/device/pair_machinery.py",
+        f"{_D}/health/peer.py",
+        f"{_D}/health/stress.py",
+        f"{_D}/health/load.py",
+        f"{_D}/probes/nccl_pair.py",
+        f"{_D}/probes/ranks.py",
+    ),
     "scripts/device/sglang-carry.sh": ("scripts/device/sglang-carry.sh",),
 }
 SCRIPT_DIRS = ("tests/gpu", "scripts/device")

@@ -20,6 +20,10 @@
 #   pcie      what this machine's PCIe readers see (issue #25): /proc/cmdline, /sys/class/iommu, the IOMMU groups,
 #             lspci -vvv of every NVIDIA device and its bridges, the kernel log's DMAR/AMD-Vi lines, and the doctor's
 #             iommu and pcie_acs checks, into $OUT/pcie
+#   pcie-pairs  the level-3 pair checks' machinery on one GPU (scripts/device/pair_machinery.py: copies and reads
+#             GPU 0 to itself, the many-to-one round, nccl_pairs' two ranks on GPU 0 with P2P on and off, the watchdog
+#             on a rank that never joins) and the doctor's gpu_peer_bandwidth, gpu_peer_stress and nccl_pairs at
+#             level 3, into $OUT/pcie-pairs (about 2 minutes)
 # GPU_TESTS narrows the pytest paths (default tests/gpu), PYTEST_K selects within them (pytest -k), GPU_TIMEOUT
 # bounds them (default 560 s).
 # Every process keeps NVLink multicast off (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -106,6 +110,22 @@ phase_pcie() {
   timeout 120 python3 -m sm120check doctor --select iommu,pcie_acs > "$dir/doctor-pcie.txt" 2>&1
   cat "$dir/doctor-pcie.txt"
   [[ $rc -le 1 ]]
+}
+
+phase_pcie_pairs() {
+  log "pcie-pairs: the pair checks' machinery on this machine's GPUs"
+  local dir="$out/pcie-pairs" rc=0
+  mkdir -p "$dir"
+  PYTHONPATH="$PYTHONPATH:$root/scripts/device" timeout 240 "$VENV/bin/python" scripts/device/pair_machinery.py "$dir" \
+    > "$dir/pair-machinery.txt" 2>&1 || rc=1
+  tail -c 4000 "$dir/pair-machinery.txt"
+  timeout 300 "$VENV/bin/python" -m sm120check doctor --level 3 --select gpu_peer_bandwidth,gpu_peer_stress,nccl_pairs \
+    --json > "$dir/doctor-pairs.json" 2> "$dir/doctor-pairs.err"
+  [[ $? -le 1 ]] || rc=1
+  timeout 300 "$VENV/bin/python" -m sm120check doctor --level 3 --select gpu_peer_bandwidth,gpu_peer_stress,nccl_pairs \
+    > "$dir/doctor-pairs.txt" 2>&1
+  cat "$dir/doctor-pairs.txt"
+  return $rc
 }
 
 failed=()

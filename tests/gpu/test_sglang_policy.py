@@ -40,10 +40,14 @@ from lab.sglang_gpu import (
     window_problems,
     write_models,
 )
-from sm120check.bench.server_rate import MIN_LIFETIMES
 
 LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)  # the account's sweep
 LEVEL_S = 8  # steady seconds per level (the bench's --duration)
+# Each level's window spans at least this many request lifetimes (bench --min-lifetimes): 20 (MIN_LIFETIMES, where
+# the server's completion counter can judge the bench) would stretch C=250 to 60-85 s and four sweeps past a
+# device call; 10 keeps the halves' uncertainty down at C=100-250 (3-30 % at 8 s, 2-7 lifetimes) within the call.
+# Levels with fewer than MIN_LIFETIMES are listed as not judged by the window check, never called agreement.
+SWEEP_LIFETIMES = 10
 POLICY = Path("/tmp/sm120kit-policy/sglang-spec-adaptive.json")  # rendered into tests/gpu/launch/policy.txt
 SWEEPS = Path(os.environ.get("SM120KIT_POLICY_SWEEPS") or "/tmp/sm120kit-policy/sweeps")
 WINDOW_KEYS = ("concurrency", "throughput_tok_s", "server_window_tok_s", "window_lifetimes")
@@ -74,7 +78,7 @@ def sweep(server: Server, label: str) -> Path:
     with GaugeSampler(server) as gauges:
         run = sm120check(
             "bench", "--url", server.url, "--concurrency", levels, "--duration", str(LEVEL_S), "--input-len", "64",
-            "--min-lifetimes", str(MIN_LIFETIMES), "--output-len", "128", "--label", label, "--out", str(out),
+            "--min-lifetimes", str(SWEEP_LIFETIMES), "--output-len", "128", "--label", label, "--out", str(out),
             "--level-timeout", "120", "--quiet",
             timeout=1200,
         )  # fmt: skip
