@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,13 @@ def test_cost_model_of_repeated_runs_off_the_model_by_half_a_percent_still_finds
 def test_report_shows_both_sweeps_side_by_side_and_the_policies(
     model_sweeps: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ("--write-policies", str(tmp_path), "--draft-model", "/models/eagle3")
+    # SGLang's 0-step tier measured as the plain server measures (the base sweep relabelled as the speculative
+    # server held at 0 draft steps): its slot then switches where the plain server's crossover is
+    zero = tmp_path / "zero" / "zero.jsonl"
+    zero.parent.mkdir()
+    speculative = {"server": {"speculative": True, "speculative_algorithm": "EAGLE3"}}
+    append_jsonl(zero, [replace(r, accept_length=1.0, meta=speculative) for r in read_jsonl(model_sweeps[0])])
+    argv = ("--write-policies", str(tmp_path), "--draft-model", "/models/eagle3", "--zero-step", str(zero))
     assert run_subcommand("crossover", str(model_sweeps[0]), str(model_sweeps[1]), *argv) == 0
     out = capsys.readouterr().out
     assert "| Concurrency | Base (tok/s) | Spec (tok/s) | Speedup |" in out
@@ -149,6 +156,12 @@ def test_report_shows_both_sweeps_side_by_side_and_the_policies(
     assert "SGLang 0.5.14+" in out and "vLLM 0.24.0+" in out and "PIECEWISE" in out
     router = json.loads((tmp_path / "router-rule.json").read_text())
     assert router["switch_back_to_spec_at_or_below"] < TRUE_CROSSOVER < router["switch_to_plain_at_or_above"] + 1
+    # without the 0-step sweep, SGLang keeps speculation everywhere; vLLM and TensorRT-LLM still switch at 18
+    assert run_subcommand("crossover", *map(str, model_sweeps), *argv[:-2], "--force") == 0
+    assert json.loads((tmp_path / "sglang-spec-adaptive.json").read_text()) == {"1": {"candidate_steps": [1, 3]}}
+    assert "no 0-step slot" in capsys.readouterr().out
+    trt = yaml.safe_load((tmp_path / "trtllm-extra-llm-api-options.yaml").read_text())["speculative_config"]
+    assert trt["draft_len_schedule"] == {17: 3, 1024: 1}
 
 
 def test_json_format_carries_the_same_numbers(
@@ -310,6 +323,7 @@ def test_missing_matplotlib_still_prints_and_writes_policies_then_exits_2(tmp_pa
     assert sorted(p.name for p in pol.iterdir()) == [
         "router-rule.json",
         "sglang-spec-adaptive.json",
+        "sglang-zero-step.json",
         "trtllm-extra-llm-api-options.fragment.yaml",
         "vllm-speculative-config.fragment.json",
     ]

@@ -24,7 +24,7 @@ from bench.engine_rules import (
     trtllm_validate_eagle3,
     vllm_release,
 )
-from sm120check.bench.crossover import Analysis, Crossover
+from sm120check.bench.crossover import Analysis, Crossover, ZeroStep
 from sm120check.bench.crossover_cli import write_policy_files
 from sm120check.bench.policy import (
     STEPS_HELP,
@@ -49,9 +49,16 @@ def analysis(crossover: float, spec_steps: int | None = 3) -> Analysis:
     return Analysis((), Crossover("found", crossover, message="test"), None, 1, 1, spec_steps)
 
 
+def measured_zero(crossover: float) -> ZeroStep:
+    """A 0-step sweep that overtakes full speculation where the plain server does (SGLang gets its 0 slot there)."""
+    return ZeroStep(crossover, "zero.jsonl", "test")
+
+
 def policies(crossover: float, steps: int = 3, **kw: object) -> Policies:
-    """The three-tier policy (the reduced tier asked for), so every tier meets every engine's lookup."""
-    return make_policies(analysis(crossover), steps, **{"reduced_tier": True, **kw})  # type: ignore[arg-type]
+    """The three-tier policy (the reduced tier asked for, a measured 0-step tier at the same crossover), so every
+    tier meets every engine's lookup."""
+    opts = {"reduced_tier": True, "zero_step": measured_zero(crossover), **kw}
+    return make_policies(analysis(crossover), steps, **opts)  # type: ignore[arg-type]
 
 
 def expected_tier(p: Policies, bs: int, off_at: int, reduced_from: int | None) -> str:
@@ -96,6 +103,7 @@ def test_sglang_routes_every_batch_size_to_the_intended_slot(
         params.set_cuda_graph_bs(graphs)
         for bs in BATCHES:
             slot = params._route(bs).candidate_steps
+            assert sg.off_at is not None
             tier = expected_tier(p, bs, sg.off_at, sg.reduced_from)
             assert slot == {"full": sorted({1, max(1, steps // 2), steps}), "reduced": [0, 1], "off": [0]}[tier], (
                 bs,
@@ -176,10 +184,10 @@ def test_vllm_config_is_complete_with_the_draft_model_and_a_labelled_fragment_wi
     assert "_maybe_override_dynamic_sd_cudagraph_mode" in vllm.text("vllm/config/vllm.py")  # the PIECEWISE caveat
     complete = policies(17.5, 3, draft_model=DRAFT)
     assert vllm_config(complete)["model"] == DRAFT
-    assert write_policy_files(tmp_path / "c", complete)[1] == "vllm-speculative-config.json"
+    assert write_policy_files(tmp_path / "c", complete)[2] == "vllm-speculative-config.json"
     fragment = policies(17.5, 3)
     assert "model" not in vllm_config(fragment)
-    assert write_policy_files(tmp_path / "f", fragment)[1] == "vllm-speculative-config.fragment.json"
+    assert write_policy_files(tmp_path / "f", fragment)[2] == "vllm-speculative-config.fragment.json"
 
 
 # --- TensorRT-LLM -------------------------------------------------------------------------------------------------
@@ -224,8 +232,8 @@ def test_trtllm_old_output_with_max_concurrency_is_refused() -> None:
 
 def test_by_default_speculation_stays_full_up_to_the_off_point(tmp_path: Path) -> None:
     """The H200 run's crossover (13.2): no one-step tier unless asked for; SGLang's release routes every batch below
-    the off slot to full speculation."""
-    p = make_policies(analysis(13.2), 3)
+    the off slot (from a measured 0-step sweep) to full speculation."""
+    p = make_policies(analysis(13.2), 3, zero_step=measured_zero(13.2))
     assert p.reduced_from is None and p.sglang.reduced_from is None
     assert p.sglang.config == {"1": {"candidate_steps": [1, 3]}, "13": {"candidate_steps": [0]}}
     assert p.vllm_per_batch_size == [[1, 13, 3], [14, 1024, 0]]
@@ -236,8 +244,43 @@ def test_by_default_speculation_stays_full_up_to_the_off_point(tmp_path: Path) -
     assert {bs: params._route(bs).candidate_steps for bs in (1, 6, 10, 12, 13, 30)} == {
         1: [1, 3], 6: [1, 3], 10: [1, 3], 12: [1, 3], 13: [0], 30: [0]
     }  # fmt: skip
-    with_tier = make_policies(analysis(13.2), 3, reduced_tier=True)
+    with_tier = make_policies(analysis(13.2), 3, reduced_tier=True, zero_step=measured_zero(13.2))
     assert with_tier.sglang.config["6"] == {"candidate_steps": [0, 1]}
+
+
+def test_without_a_measured_zero_step_sweep_sglang_keeps_speculation_at_every_batch_size(tmp_path: Path) -> None:
+    """On the H200 (SGLang 0.5.16) the policy server's 0-step slot gave 0.39-0.53 x the plain server, below full
+    speculation: the base sweep does not give SGLang a 0 slot; vLLM, TensorRT-LLM and the router still switch at
+    the crossover. SGLang's own loader and router send every batch size to full speculation."""
+    p = make_policies(analysis(7.2), 3)
+    assert p.sglang.config == {"1": {"candidate_steps": [1, 3]}} and p.sglang.off_at is None
+    assert "no 0-step slot" in p.sglang.zero_step and "0.39 x the plain server" in p.sglang.zero_step
+    assert p.vllm_per_batch_size == [[1, 7, 3], [8, 1024, 0]] and p.router["switch_to_plain_at_or_above"] == 9
+    reduced = make_policies(analysis(13.2), 3, reduced_tier=True)
+    assert reduced.sglang.config == {"1": {"candidate_steps": [1, 3]}, "6": {"candidate_steps": [1]}}  # no 0 there
+    write_policy_files(tmp_path, reduced)
+    release = sglang_release("0.5.16")
+    params = release.adaptive_params(initial_steps=3, cfg_path=str(tmp_path / "sglang-spec-adaptive.json"))
+    params.set_cuda_graph_bs(release.capture_sizes(256))
+    assert {params._route(bs).candidate_steps[0] for bs in range(1, 513)} == {1}  # never a 0-step candidate
+    never = make_policies(analysis(13.2), 3, zero_step=ZeroStep(None, "zero.jsonl", "speculation wins everywhere"))
+    assert never.sglang.off_at is None and "never overtake" in never.sglang.zero_step
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.16", "0.5.23"])
+@pytest.mark.parametrize("steps", [3, 8])
+def test_the_zero_step_measuring_file_holds_every_batch_at_zero_steps(version: str, steps: int, tmp_path: Path) -> None:
+    """sglang-zero-step.json, by the release's own loader, initial-step check and router: 0 draft steps at every
+    batch size a server runs, while the union of its candidates (which sizes the buffers) keeps the server's steps."""
+    release = sglang_release(version)
+    write_policy_files(tmp_path, make_policies(analysis(13.2), steps))
+    path = str(tmp_path / "sglang-zero-step.json")
+    assert release.resolve_candidate_steps(path) == [0, steps]
+    assert release.check_initial_steps(steps, path) == steps + 1
+    params = release.adaptive_params(initial_steps=steps, cfg_path=path)
+    for graphs in (release.capture_sizes(256), None):
+        params.set_cuda_graph_bs(graphs)
+        assert {params.get_steps_for_batch(bs) for bs in range(1, 4097)} == {0}
 
 
 # --- steps and the CLI --------------------------------------------------------------------------------------------
@@ -288,6 +331,63 @@ def test_cli_text_names_each_engines_flags_files_and_minimum_release(
     assert sorted(p.name for p in (tmp_path / "pol").iterdir()) == [
         "router-rule.json",
         "sglang-spec-adaptive.json",
+        "sglang-zero-step.json",
         "trtllm-extra-llm-api-options.fragment.yaml",
         "vllm-speculative-config.fragment.json",
     ]  # the complete files of the first run are gone: no stale config beside the fragments
+
+
+SPEC_SERVER = {"server": {"speculative": True, "speculative_algorithm": "EAGLE3"}}
+
+
+def _zero_sweep(tmp_path: Path, points: dict[int, float], accept: float | None = 1.008, meta: object = None) -> Path:
+    """A sweep of the speculative server held at 0 draft steps, as bench writes it (accept length per verify step)."""
+    path = tmp_path / "zero.jsonl"
+    rows = [
+        LevelSummary(c, t, 10.0, int(t * 10), 20, 0, "zero", "r1", accept_length=accept,
+                     meta=SPEC_SERVER if meta is None else meta)  # type: ignore[arg-type]
+        for c, t in points.items()
+    ]  # fmt: skip
+    append_jsonl(path, rows)
+    return path
+
+
+def test_cli_zero_step_sweep_gives_sglang_its_0_slot_where_it_overtakes_full_speculation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, spec = _sweeps(tmp_path)  # spec 130 / 400, base 90 / 500: crossover between 1 and 10
+    out_dir = tmp_path / "pol"
+    argv = ("--steps", "3", "--format", "json", "--write-policies", str(out_dir))
+    zero = _zero_sweep(tmp_path, {1: 80.0, 10: 460.0})  # below spec at 1, above at 10
+    assert run_subcommand("crossover", str(base), str(spec), "--zero-step", str(zero), *argv) == 0
+    report = json.loads(capsys.readouterr().out)["policies"]
+    config = json.loads((out_dir / "sglang-spec-adaptive.json").read_text())
+    assert report["sglang_speculative_adaptive_config"] == config
+    assert config["1"] == {"candidate_steps": [1, 3]} and report["sglang_off_at"] is not None
+    assert config[str(report["sglang_off_at"])] == {"candidate_steps": [0]}
+    assert "overtakes full speculation at" in report["sglang_zero_step"] and str(zero) in report["sglang_zero_step"]
+    # without it: the same sweeps, no 0 slot, and the text says how to measure one
+    assert run_subcommand("crossover", str(base), str(spec), "--steps", "3") == 0
+    text = capsys.readouterr().out
+    assert "no 0-step slot" in text and "sglang-zero-step.json" in text and "--zero-step" in text
+    assert '"1": {"candidate_steps": [1, 3]}}' in text
+
+
+@pytest.mark.parametrize(
+    ("accept", "meta", "message"),
+    [
+        (3.35, None, "accept length 3.350 at concurrency 1: the server drafted"),
+        (None, {"server": {"speculative": False}}, "reported speculation off: a plain server's sweep"),
+        (None, {}, "neither its server nor its responses say speculation ran"),
+    ],
+)
+def test_cli_refuses_a_zero_step_sweep_that_is_not_one_before_writing_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], accept: float | None, meta: object, message: str
+) -> None:
+    base, spec = _sweeps(tmp_path)
+    zero = _zero_sweep(tmp_path, {1: 80.0, 10: 460.0}, accept, meta)
+    argv = ("--steps", "3", "--write-policies", str(tmp_path / "pol"), "--zero-step", str(zero))
+    assert run_subcommand("crossover", str(base), str(spec), *argv) == 2
+    err = capsys.readouterr().err
+    assert f"--zero-step {zero}: " in err and message in err and "sglang-zero-step.json" in err
+    assert not (tmp_path / "pol").exists()

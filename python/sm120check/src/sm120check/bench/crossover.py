@@ -110,6 +110,45 @@ class Analysis:
     spec_reported: bool | None = None  # the spec server said speculation was on / off; None: it did not say
 
 
+@dataclass(frozen=True)
+class ZeroStep:
+    """What a measured 0-step sweep (the speculative server held at 0 draft steps) says against full speculation."""
+
+    crossover: float | None  # where 0 steps overtake full speculation; None: not in the measured range
+    source: str  # the sweep's file
+    message: str  # the crossover's own words
+
+
+ZERO_STEP_MAX_ACCEPT = 1.05  # tokens per verify step of a server that drafts nothing (measured: 1.008)
+ZERO_STEP_HOWTO = "start the speculative server with --speculative-adaptive-config sglang-zero-step.json and bench it"
+
+
+def zero_step(zero: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: tuple[str, str]) -> ZeroStep:
+    """Where the speculative server held at 0 draft steps (`zero`, names[0]) overtakes it at full speculation (`spec`).
+    Raises RecordError for a sweep that is not of a 0-step server: one that drafted (accept length above
+    ZERO_STEP_MAX_ACCEPT), or a plain server's (it said speculation was off, or nothing says either way)."""
+    where = f"--zero-step {names[0]}"
+    closed = [r for r in zero if level_mode(r) == "closed"]
+    if not closed:
+        raise RecordError(f"{where}: no closed-loop (concurrency) level in it")
+    said = {speculation_reported(r)[0] for r in closed}
+    if said == {False}:
+        raise RecordError(f"{where}: its server reported speculation off: a plain server's sweep; {ZERO_STEP_HOWTO}")
+    drafted = next((r for r in closed if r.accept_length is not None and r.accept_length > ZERO_STEP_MAX_ACCEPT), None)
+    if drafted is not None:
+        raise RecordError(
+            f"{where}: accept length {drafted.accept_length:.3f} at concurrency {drafted.concurrency}: the server "
+            f"drafted, so this is not a 0-step sweep; {ZERO_STEP_HOWTO}"
+        )
+    if True not in said and all(r.accept_length is None for r in closed):
+        raise RecordError(
+            f"{where}: neither its server nor its responses say speculation ran, so it cannot be told from a plain "
+            f"server's sweep; {ZERO_STEP_HOWTO}"
+        )
+    analysis = analyze(zero, spec, names)
+    return ZeroStep(analysis.crossover.value, names[0], analysis.crossover.message)
+
+
 def group_runs(records: Iterable[LevelSummary], name: str, warnings: list[str]) -> list[Curve]:
     """Split one file's records into runs (by run_id), each a curve keyed by concurrency."""
     runs: dict[str, Curve] = {}

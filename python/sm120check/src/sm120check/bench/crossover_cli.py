@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from sm120check import argtypes
-from sm120check.bench.crossover import METRICS, X_AXES, Analysis, analyze, analyze_mode
+from sm120check.bench.crossover import METRICS, X_AXES, Analysis, ZeroStep, analyze, analyze_mode, zero_step
 from sm120check.bench.crossover_report import render_json, render_text
 from sm120check.bench.plot import PlotUnavailable, write_png
 from sm120check.bench.policy import (
@@ -27,9 +27,11 @@ from sm120check.bench.policy import (
     SGLANG_FILE,
     TRTLLM_FILES,
     VLLM_FILES,
+    ZERO_STEP_FILE,
     Policies,
     PolicyError,
     make_policies,
+    sglang_zero_step_config,
     trtllm_file,
     trtllm_yaml,
     vllm_config,
@@ -85,6 +87,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "steps backs it; on a real SGLang server full speculation measured 6.8 %% ahead at C=10, one run, below a "
         "crossover at 13.2)",
     )
+    p.add_argument(
+        "--zero-step",
+        type=Path,
+        metavar="SWEEP",
+        help="JSONL from `bench` against the speculative SGLang server held at 0 draft steps (started with "
+        f"--speculative-adaptive-config {ZERO_STEP_FILE}, which --write-policies writes): the SGLang file gets a "
+        "0-step slot only from where this sweep overtakes full speculation (a 0-step slot is not the plain server)",
+    )
     p.add_argument("--write-policies", type=Path, metavar="DIR", help="write the policy files into DIR")
     p.add_argument("--force", action="store_true", help="replace policy files already in the --write-policies DIR")
     p.set_defaults(handler=handle)
@@ -138,9 +148,9 @@ def handle(args: argparse.Namespace) -> int:
         return Exit.USAGE
     x_axis, metric = getattr(args, "x", "concurrency"), getattr(args, "metric", "throughput")
     if (x_axis, metric) != ("concurrency", "throughput"):
-        if args.png or args.write_policies:
+        if args.png or args.write_policies or getattr(args, "zero_step", None):
             print(
-                "sm120check crossover: --png and --write-policies come from the throughput crossover on "
+                "sm120check crossover: --png, --write-policies and --zero-step come from the throughput crossover on "
                 "concurrency (the policies act on batch size); drop them or --x/--metric",
                 file=sys.stderr,
             )
@@ -157,8 +167,12 @@ def handle(args: argparse.Namespace) -> int:
             print(f"sm120check crossover: {problem}", file=sys.stderr)
             return Exit.USAGE
         return Exit.OK
+    zero: ZeroStep | None = None
     try:
-        analysis = analyze(read_jsonl(args.base), read_jsonl(args.spec), names)
+        spec = read_jsonl(args.spec)
+        analysis = analyze(read_jsonl(args.base), spec, names)
+        if getattr(args, "zero_step", None) is not None:
+            zero = zero_step(read_jsonl(args.zero_step), spec, (str(args.zero_step), names[1]))
     except RecordError as exc:
         print(f"sm120check crossover: {terminal_text(exc)}", file=sys.stderr)
         return Exit.USAGE
@@ -173,6 +187,7 @@ def handle(args: argparse.Namespace) -> int:
             draft_model=getattr(args, "draft_model", None),
             draft_floor=getattr(args, "draft_floor", 1),
             reduced_tier=getattr(args, "reduced_tier", False),
+            zero_step=zero,
         )
     except PolicyError as exc:
         reason = str(exc).removeprefix("no policy: ")
@@ -226,13 +241,14 @@ def _write_png(analysis: Analysis, png: Path, names: tuple[str, str]) -> Exit:
 
 
 def write_policy_files(directory: Path, policies: Policies) -> list[str]:
-    """Write the four files, each atomically (a temporary file in DIR, then a rename): a reader sees the old
-    file or the new one, never half of one. The vLLM and TensorRT-LLM files are named `*.fragment.*` when they
-    lack the draft model; the other variant, left from an earlier run (replaced with --force), is removed.
-    Returns the names written. Raises OSError."""
+    """Write the policy files (and SGLang's 0-step measuring file), each atomically (a temporary file in DIR, then a
+    rename): a reader sees the old file or the new one, never half of one. The vLLM and TensorRT-LLM files are named
+    `*.fragment.*` when they lack the draft model; the other variant, left from an earlier run (replaced with
+    --force), is removed. Returns the names written. Raises OSError."""
     directory.mkdir(parents=True, exist_ok=True)
     texts = {
         SGLANG_FILE: json.dumps(policies.sglang.config, indent=2) + "\n",
+        ZERO_STEP_FILE: json.dumps(sglang_zero_step_config(policies.steps), indent=2) + "\n",
         vllm_file(policies): json.dumps(vllm_config(policies), indent=2) + "\n",
         trtllm_file(policies): trtllm_yaml(policies),
         ROUTER_FILE: json.dumps(policies.router, indent=2) + "\n",

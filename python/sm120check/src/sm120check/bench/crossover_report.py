@@ -7,7 +7,7 @@ import math
 import shlex
 from dataclasses import asdict
 
-from sm120check.bench.crossover import Analysis, Spread
+from sm120check.bench.crossover import ZERO_STEP_HOWTO, Analysis, Spread
 from sm120check.bench.policy import (
     FLOOR_CAVEAT,
     MERGE_HINT,
@@ -16,6 +16,7 @@ from sm120check.bench.policy import (
     SGLANG_MIN_RELEASE,
     TRTLLM_SOURCE,
     VLLM_MIN_RELEASE,
+    ZERO_STEP_FILE,
     Policies,
     sglang_flags,
     trtllm_file,
@@ -92,19 +93,26 @@ def policies_text(p: Policies | None, reason: str) -> str:
     )
     snapped = (
         ""
-        if (sg.off_at, sg.reduced_from) == (p.off_at, p.reduced_from)
+        if sg.off_at is None or (sg.off_at, sg.reduced_from) == (p.off_at, p.reduced_from)
         else (
             f"  SGLang pads the batch to its next CUDA-graph capture size before it picks a slot, so its slots begin "
-            f"one past a capture size: off from {sg.off_at}"
+            f"one past a capture size: 0 steps from {sg.off_at}"
             + (f", one draft step from {sg.reduced_from}" if sg.reduced_from else "")
-            + " (the nearest such boundaries at or below the crossover's)"
+            + " (the nearest such boundaries at or below the measured ones)"
         )
+    )
+    zero = f"  {sg.zero_step}" + (
+        f"; above the crossover the plain server's throughput is the router's (Router, below); to measure the 0-step "
+        f"tier: {ZERO_STEP_HOWTO} ({ZERO_STEP_FILE}), then pass it as --zero-step"
+        if sg.off_at is None
+        else ""
     )
     fragment = "" if p.complete else f" - {MERGE_HINT} (pass --draft-model PATH to get a complete one)"
     lines = [
         head,
         f"SGLang {SGLANG_MIN_RELEASE}+ (EAGLE/EAGLE3, topk 1): {sglang_flags(p)}",
         f"  {SGLANG_FILE} = {sglang}",
+        zero,
     ]
     lines += [snapped] if snapped else []
     lines += [
@@ -156,6 +164,7 @@ def render_json(analysis: Analysis, names: tuple[str, str], policies: Policies |
             "sglang_flags": sglang_flags(policies),
             "sglang_off_at": policies.sglang.off_at,
             "sglang_reduced_from": policies.sglang.reduced_from,
+            "sglang_zero_step": policies.sglang.zero_step,
             "sglang_speculative_adaptive_config": policies.sglang.config,
             "vllm_min_release": VLLM_MIN_RELEASE,
             "vllm_file": vllm_file(policies),

@@ -13,6 +13,13 @@ the engine's own code (tests/bench/test_policy_engines.py):
   CUDA-graph capture size before it picks a slot, so a slot can only begin right after a capture size: the keys
   are snapped to those boundaries (at or below the intended batch size). 0.5.13 refuses a 0-step candidate,
   0.5.11/0.5.12 silently ignore per-batch-size slots.
+  A 0-step slot is not the plain server: on a real SGLang 0.5.16 server (H200, 2026-12-02) the EAGLE-3 server in
+  its 0-step slot gave 0.39-0.53 x the plain server's throughput at C=10-250, below full speculation's 0.58-0.83 x
+  (it still runs a one-token verify and the draft's extend every step, and SGLang caps a speculative server at 48
+  running requests). The base sweep says nothing about that tier, so the SGLang file gets a 0 candidate only from
+  a measured 0-step sweep (`ZeroStep`: the speculative server started with ZERO_STEP_FILE, benched, passed as
+  `crossover --zero-step`), from the batch size where it overtakes full speculation; without one, the file keeps
+  speculation at every batch size and the plain server's throughput above the crossover is the router's to get.
 - vLLM 0.24.0+: `num_speculative_tokens_per_batch_size` in the speculative config, a list of inclusive
   [min_bs, max_bs, k]; the V1 model runner then forces PIECEWISE CUDA graphs.
 - TensorRT-LLM: `draft_len_schedule` {largest batch size of the tier: draft length} in the speculative_config of
@@ -27,7 +34,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
-from sm120check.bench.crossover import Analysis
+from sm120check.bench.crossover import Analysis, ZeroStep
 
 SGLANG_MIN_RELEASE = "0.5.14"
 VLLM_MIN_RELEASE = "0.24.0"
@@ -69,12 +76,21 @@ def sglang_slot_start(batch: int) -> int:
     return max([1] + [c + 1 for c in sglang_speculative_capture_sizes(batch) if c + 1 <= batch])
 
 
+# SGLang's 0-step tier measured on the H200 (docs/validation/2026-12-02-h200-policy): the policy server's 0-step
+# throughput over the plain server's at C=10, 30, 70, 100, 250
+ZERO_STEP_MEASURED = "0.53, 0.47, 0.40, 0.48, 0.39 x the plain server at C=10, 30, 70, 100, 250 (SGLang 0.5.16, H200)"
+# A slot key no running batch reaches: SGLang's zero-step measuring file names the server's draft steps there, so the
+# union of its candidates (which sizes SGLang's draft buffers and graphs) still matches --speculative-num-steps
+UNREACHED_BATCH = 1 << 20
+
+
 @dataclass(frozen=True)
 class SGLangPolicy:
     config: dict[str, dict[str, list[int]]]  # the --speculative-adaptive-config file
-    off_at: int  # first batch size without speculation (snapped)
-    reduced_from: int | None  # first batch size of the [0, 1] slot (snapped), if any
+    off_at: int | None  # first batch size of the [0] slot (snapped); None: no 0-step slot
+    reduced_from: int | None  # first batch size of the one-step slot (snapped), if any
     initial_steps: int  # --speculative-num-steps: a candidate of the first slot
+    zero_step: str  # why the file has a 0-step slot or not
 
 
 @dataclass(frozen=True)
@@ -115,9 +131,10 @@ def make_policies(
     draft_model: str | None = None,
     draft_floor: int = 1,
     reduced_tier: bool = False,
+    zero_step: ZeroStep | None = None,
 ) -> Policies:
-    """Policies for the analysis' interpolated crossover. Raises PolicyError when there is no crossover to use or
-    the draft length is unknown."""
+    """Policies for the analysis' interpolated crossover (SGLang's 0-step slot from `zero_step`'s instead, see the
+    module's docstring). Raises PolicyError when there is no crossover to use or the draft length is unknown."""
     cross = analysis.crossover
     if cross.value is None:
         raise PolicyError(f"no policy: {cross.message}")
@@ -149,23 +166,43 @@ def make_policies(
         steps_source=source,
         draft_model=draft_model,
         draft_floor=draft_floor,
-        sglang=_sglang(k, off_at, reduced_from),
+        sglang=_sglang(k, off_at, reduced_from, zero_step),
         vllm_per_batch_size=vllm,
         trtllm_schedule=_trtllm_schedule(k, off_at, reduced_from, top, draft_floor),
         router=_router(analysis, value, hysteresis),
     )
 
 
-def _sglang(k: int, off_at: int, reduced_from: int | None) -> SGLangPolicy:
-    off = max(2, sglang_slot_start(off_at))
+def _sglang(k: int, off_at: int, reduced_from: int | None, zero_step: ZeroStep | None) -> SGLangPolicy:
+    """The slots: full speculation from 1, one step in the reduced tier (0 or 1 where 0 steps were measured to pay
+    there), 0 steps only from where the measured 0-step sweep overtakes full speculation."""
+    off: int | None = None
+    if zero_step is None:
+        why = (
+            "no 0-step slot: no 0-step sweep was given (crossover --zero-step), and a 0-step slot is not the plain "
+            f"server: measured {ZERO_STEP_MEASURED}"
+        )
+    elif zero_step.crossover is None:
+        why = f"no 0-step slot: in {zero_step.source} 0 steps never overtake full speculation ({zero_step.message})"
+    else:
+        off = max(2, sglang_slot_start(max(2, math.ceil(zero_step.crossover))))
+        why = f"0 steps from batch {off}: {zero_step.source} overtakes full speculation at {zero_step.crossover:.1f}"
     reduced = sglang_slot_start(reduced_from) if reduced_from is not None else None
-    if reduced is not None and not 1 < reduced < off:
+    if reduced is not None and not (1 < reduced < (off if off is not None else UNREACHED_BATCH)):
         reduced = None
     config: dict[str, dict[str, list[int]]] = {"1": {"candidate_steps": sorted({1, max(1, k // 2), k})}}
     if reduced is not None:
-        config[str(reduced)] = {"candidate_steps": [0, 1]}
-    config[str(off)] = {"candidate_steps": [0]}
-    return SGLangPolicy(config, off, reduced, k)
+        config[str(reduced)] = {"candidate_steps": [0, 1] if off is not None else [1]}
+    if off is not None:
+        config[str(off)] = {"candidate_steps": [0]}
+    return SGLangPolicy(config, off, reduced, k, why)
+
+
+def sglang_zero_step_config(k: int) -> dict[str, dict[str, list[int]]]:
+    """The file that holds an SGLang speculative server at 0 draft steps at every batch size it runs, for measuring
+    the 0-step tier (bench it, then `crossover --zero-step`). Its unreached slot keeps the server's own steps among
+    the candidates, so SGLang sizes its draft buffers and CUDA graphs for --speculative-num-steps `k` as usual."""
+    return {"1": {"candidate_steps": [0]}, str(UNREACHED_BATCH): {"candidate_steps": [k]}}
 
 
 def _trtllm_schedule(k: int, off_at: int, reduced_from: int | None, top: int, floor: int) -> dict[int, int]:
@@ -209,10 +246,11 @@ def _router(analysis: Analysis, value: float, hysteresis: float) -> dict[str, ob
 # --- what is written and printed --------------------------------------------------------------------------------
 
 SGLANG_FILE = "sglang-spec-adaptive.json"
+ZERO_STEP_FILE = "sglang-zero-step.json"  # sglang_zero_step_config: for measuring the 0-step tier
 ROUTER_FILE = "router-rule.json"
 VLLM_FILES = ("vllm-speculative-config.json", "vllm-speculative-config.fragment.json")  # complete, fragment
 TRTLLM_FILES = ("trtllm-extra-llm-api-options.yaml", "trtllm-extra-llm-api-options.fragment.yaml")
-ALL_POLICY_FILES = (SGLANG_FILE, *VLLM_FILES, *TRTLLM_FILES, ROUTER_FILE)
+ALL_POLICY_FILES = (SGLANG_FILE, ZERO_STEP_FILE, *VLLM_FILES, *TRTLLM_FILES, ROUTER_FILE)
 PIECEWISE_CAVEAT = (
     "with a per-batch-size schedule vLLM's V1 model runner overrides full CUDA graphs to PIECEWISE "
     "(vllm/config/vllm.py::_maybe_override_dynamic_sd_cudagraph_mode), which costs single-stream speed; "
