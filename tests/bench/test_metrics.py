@@ -129,7 +129,7 @@ def test_vllm_counters_summed_over_engines_and_a_restart_is_a_problem() -> None:
     family = family_for("vllm")
     assert family is not None
     scrape = parse(VLLM)
-    assert scrape.value(family.drafts) == 1200.0 and draft_positions(family, scrape) == 3
+    assert scrape.value(family.steps) == 1200.0 and draft_positions(family, scrape) == 3
     restarted = parse(VLLM.replace("1.2e+03", "10"))
     delta = spec_delta(family, scrape, restarted)
     assert delta.spec is None and "went down" in delta.problems[0]

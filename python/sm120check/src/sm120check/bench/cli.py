@@ -564,17 +564,13 @@ def _metrics_accept(
     if delta.spec is None:
         return summary, extra
     value = delta.spec.accept_length
-    extra["metrics_delta"] = {
-        "accepted": delta.spec.accepted,
-        "drafts": delta.spec.drafts,
-        "draft_tokens": delta.spec.draft_tokens,
-        "accept_length": value,
-    }
+    extra["metrics_delta"] = delta.spec.to_meta()
     # llama.cpp's timings have no count of verify steps, so the per-request value is tokens per target step (steps
-    # without a draft count as 1); the counters give the engine's own tokens per verify step: prefer them
+    # without a draft count as 1); the counters give the engine's own tokens per verify step: prefer them. SGLang's
+    # meta_info.spec_verify_ct (--api sglang) is the engine's own per request: it stays
     if value is not None and (summary.accept_length is None or summary.accept_source == "timings.draft_n_accepted"):
         extra["accept_length_timings"] = summary.accept_length
-        summary = replace(summary, accept_length=value, accept_source=f"metrics:{family.accepted}/{family.drafts}")
+        summary = replace(summary, accept_length=value, accept_source=family.accept_source)
     return summary, extra
 
 

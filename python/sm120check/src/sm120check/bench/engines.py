@@ -2,7 +2,8 @@
 
 Asked in order, each GET bounded from connect to the last byte (--info-timeout); a 404/501 moves on, a stall or a
 refused connection is an HttpError naming the URL:
-- SGLang: `/get_server_info`, else `/server_info` (flat keys: `speculative_algorithm`, `speculative_num_steps`).
+- SGLang: `/get_server_info`, else `/server_info` (flat keys: `speculative_algorithm`, `speculative_num_steps`),
+  and whether `/metrics` answers (`--enable-metrics`).
 - llama.cpp: `/props` (`build_info`, `model_path`, `total_slots`) and `/slots` (`speculative: true|false` per slot,
   `params["speculative.types"]`). The draft length is in neither; it is the number of
   `llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position=...}` series in `/metrics` (present once a
@@ -157,7 +158,8 @@ async def discover(
     try:
         openai, first_id = await _models(conn, timeout)
         if info:
-            return _sglang(info, openai, first_id)
+            scrape = await scrape_metrics(endpoint, headers, timeout)  # served with --enable-metrics
+            return replace(_sglang(info, openai, first_id), has_metrics=scrape is not None)
         props = await _json_or_none(conn, "/props", timeout)
         if isinstance(props, dict) and ("build_info" in props or "default_generation_settings" in props):
             slots = await _json_or_none(conn, "/slots", timeout)
@@ -247,7 +249,7 @@ def _vllm(version: object, scrape: Scrape, openai: bool, first_id: str) -> Serve
     text = str(version.get("version", "")) if isinstance(version, dict) else ""
     family = family_for("vllm")
     assert family is not None
-    speculative = True if scrape.value(family.drafts) is not None else None
+    speculative = True if scrape.value(family.steps) is not None else None
     facts = ServerFacts(
         engine="vllm",
         model=first_id,

@@ -1,4 +1,4 @@
-"""A strict, small reader of the Prometheus text format (what llama.cpp and vLLM serve at /metrics), and the
+"""A strict, small reader of the Prometheus text format (what llama.cpp, vLLM and SGLang serve at /metrics), and the
 per-level difference of the speculative-decoding counters.
 
 The text comes from a server the bench does not control, so it is bounded (size, line count, label count) and a line
@@ -8,6 +8,7 @@ parsed: `name{label="value",...} value [timestamp]`; `# HELP` / `# TYPE` and oth
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from collections.abc import Mapping
@@ -147,34 +148,60 @@ def _number(text: str) -> float:
 # -- speculative decoding counters, differenced per level -------------------------------------------------------
 
 
+class AcceptRatio(enum.Enum):
+    """How a family's two counters, each grown over the level, give tokens per verify step."""
+
+    # llama.cpp, vLLM: the token counter counts accepted draft tokens; each verify step also gives the target's own
+    ONE_PLUS_ACCEPTED_PER_STEP = "1 + accepted / verify steps"
+    # SGLang: the token counter counts every token generated (meta_info's completion_tokens / spec_verify_ct)
+    TOKENS_PER_STEP = "generation tokens / verify steps"
+
+    def of(self, tokens: float, steps: float) -> float:
+        return tokens / steps + (1.0 if self is AcceptRatio.ONE_PLUS_ACCEPTED_PER_STEP else 0.0)
+
+
 @dataclass(frozen=True)
 class SpecFamily:
-    """Where one engine keeps its speculative counters (mean accepted length = 1 + accepted / drafts)."""
+    """Where one engine keeps its speculative counters: `tokens` over `steps` (verify steps), read as `ratio` says."""
 
     engine: str
-    accepted: str
-    drafts: str
-    draft_tokens: str
+    tokens: str
+    steps: str
     in_flight: str
+    ratio: AcceptRatio = AcceptRatio.ONE_PLUS_ACCEPTED_PER_STEP
+    draft_tokens: str = ""
     per_pos: str = ""
+
+    @property
+    def accept_source(self) -> str:
+        return f"metrics:{self.tokens}/{self.steps}"
 
 
 SPEC_FAMILIES = (
     SpecFamily(
         "llama.cpp",
-        "llamacpp:spec_decode_num_accepted_tokens_total",
-        "llamacpp:spec_decode_num_drafts_total",
-        "llamacpp:spec_decode_num_draft_tokens_total",
-        "llamacpp:requests_processing",
-        "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
+        tokens="llamacpp:spec_decode_num_accepted_tokens_total",
+        steps="llamacpp:spec_decode_num_drafts_total",
+        in_flight="llamacpp:requests_processing",
+        draft_tokens="llamacpp:spec_decode_num_draft_tokens_total",
+        per_pos="llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
     ),
     SpecFamily(
         "vllm",
-        "vllm:spec_decode_num_accepted_tokens_total",
-        "vllm:spec_decode_num_drafts_total",
-        "vllm:spec_decode_num_draft_tokens_total",
-        "vllm:num_requests_running",
-        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        tokens="vllm:spec_decode_num_accepted_tokens_total",
+        steps="vllm:spec_decode_num_drafts_total",
+        in_flight="vllm:num_requests_running",
+        draft_tokens="vllm:spec_decode_num_draft_tokens_total",
+        per_pos="vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    ),
+    # SGLang 0.5.16 (--enable-metrics), observability/metrics_collector.py: both counters move when a request is
+    # released (observe_one_finished_request; the verify counter only for requests with spec_verify_ct > 0)
+    SpecFamily(
+        "sglang",
+        tokens="sglang:generation_tokens_total",
+        steps="sglang:spec_verify_calls_total",
+        in_flight="sglang:num_running_reqs",
+        ratio=AcceptRatio.TOKENS_PER_STEP,
     ),
 )
 
@@ -187,16 +214,25 @@ def family_for(engine: str) -> SpecFamily | None:
 class SpecDelta:
     """The speculative counters' growth over one level."""
 
-    accepted: float
-    drafts: float
+    tokens: float
+    steps: float
     draft_tokens: float | None
+    ratio: AcceptRatio = AcceptRatio.ONE_PLUS_ACCEPTED_PER_STEP
 
     @property
     def accept_length(self) -> float | None:
-        """Tokens per verify step: each verify step gives the target's own token plus the accepted drafts."""
-        if self.drafts <= 0 or self.accepted < 0:
+        """Tokens per verify step (see AcceptRatio)."""
+        if self.steps <= 0 or self.tokens < 0:
             return None
-        return 1.0 + self.accepted / self.drafts
+        return self.ratio.of(self.tokens, self.steps)
+
+    def to_meta(self) -> dict[str, object]:
+        """`metrics_delta` of a record: the two counters' growth under the names of what they count."""
+        if self.ratio is AcceptRatio.TOKENS_PER_STEP:
+            counts: dict[str, object] = {"generation_tokens": self.tokens, "verify_calls": self.steps}
+        else:
+            counts = {"accepted": self.tokens, "drafts": self.steps, "draft_tokens": self.draft_tokens}
+        return {**counts, "ratio": self.ratio.value, "accept_length": self.accept_length}
 
 
 @dataclass(frozen=True)
@@ -205,20 +241,28 @@ class LevelDelta:
     problems: tuple[str, ...] = field(default_factory=tuple)
 
 
+def _growth(name: str, before: Scrape, after: Scrape) -> float | None:
+    """after - before; a counter with no sample before and one after started during the level (a labelled counter
+    has no sample until its first increment, as prometheus_client renders SGLang's on a fresh server)."""
+    if not name:
+        return None
+    a, b = before.value(name), after.value(name)
+    if b is None:
+        return None
+    return b - (a if a is not None else 0.0)
+
+
 def spec_delta(family: SpecFamily, before: Scrape, after: Scrape) -> LevelDelta:
-    """The level's own counts (after - before); a counter that went down (a restart) is a problem, not a value."""
-    pairs = {}
-    for key, name in (("accepted", family.accepted), ("drafts", family.drafts), ("draft_tokens", family.draft_tokens)):
-        a, b = before.value(name), after.value(name)
-        pairs[key] = None if a is None or b is None else b - a
-    accepted, drafts = pairs["accepted"], pairs["drafts"]
-    if accepted is None or drafts is None:
+    """The level's own counts (after - before); a counter that went down (a restart) is a problem, not a value.
+    No verify step during the level (a base server: SGLang's verify counter has no sample) is no value."""
+    tokens, steps = _growth(family.tokens, before, after), _growth(family.steps, before, after)
+    if tokens is None or steps is None:
         return LevelDelta()
-    if accepted < 0 or drafts < 0 or not math.isfinite(accepted) or not math.isfinite(drafts):
-        return LevelDelta(problems=(f"{family.accepted} or {family.drafts} went down during the level (restart?)",))
-    if drafts == 0:
+    if tokens < 0 or steps < 0 or not math.isfinite(tokens) or not math.isfinite(steps):
+        return LevelDelta(problems=(f"{family.tokens} or {family.steps} went down during the level (restart?)",))
+    if steps == 0:
         return LevelDelta()
-    return LevelDelta(SpecDelta(accepted, drafts, pairs["draft_tokens"]))
+    return LevelDelta(SpecDelta(tokens, steps, _growth(family.draft_tokens, before, after), family.ratio))
 
 
 def draft_positions(family: SpecFamily, scrape: Scrape) -> int | None:
