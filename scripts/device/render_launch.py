@@ -9,8 +9,10 @@ Files: base.txt (no speculation), spec.txt (EAGLE-3, 3 steps, topk 1, 4 draft to
 (the base command with `sglang_server_allreduce_fusion: on`: a launch file that claims fusion on one GPU, which
 verify-launch must call degraded), no-graphs.txt (the base command with --disable-cuda-graph: the server base.txt's
 CUDA-graph claim is checked against), policy.txt and sglang-adaptive.txt (issue #24: EAGLE-3 with our policy file,
-and with SGLang's own adaptive mode), bad-draft.txt (EAGLE-3 with a draft that is never accepted), wait.json (the
-role's health URL, retries and delay: the bounded wait).
+and with SGLang's own adaptive mode, whose largest candidate step 7 the role launches with: sglang#30549),
+policy-uncapped.txt (policy.txt with --max-running-requests 256: SGLang caps a speculative server at 48),
+bad-draft.txt (EAGLE-3 with a draft that is never accepted), wait.json (the role's health URL, retries and delay:
+the bounded wait).
 No doctor report is given, so `auto` leaves fusion and symmetric memory off (fail closed).
 """
 
@@ -33,6 +35,16 @@ MODELS = "/tmp/sm120kit-models/serve"  # where tests/gpu writes the target and d
 # sglang#21272, against which the bench must refuse to call the run speculative
 BAD_MODELS = "/tmp/sm120kit-models/bad-draft"
 POLICY = "/tmp/sm120kit-policy/sglang-spec-adaptive.json"  # where tests/gpu/test_sglang_policy.py puts the policy
+# The role reads the policy's candidate steps on the node, but the GPU test writes the file only after the base and
+# EAGLE-3 sweeps, long after this rendering (and never on this machine): the role's variable for a file written
+# later states its largest candidate step instead. `sm120check crossover --write-policies` gives the first slot
+# {1, k // 2, k} with k the EAGLE-3 server's --speculative-num-steps (spec.txt: 3), and every other slot less, so 3.
+POLICY_MAX_STEP = 3
+POLICY_VARS: dict[str, object] = {
+    "sglang_server_speculative": True,
+    "sglang_server_speculative_adaptive_config": POLICY,
+    "sglang_server_speculative_adaptive_max_candidate_step": POLICY_MAX_STEP,
+}
 # The server options this stack needs on the H200 (scripts/device/sglang_stack.py says why): triton attention and
 # torch sampling (FA3 and FlashInfer's JIT are not carried), no prefill CUDA graph (its capture costs a minute of
 # every start; decode graphs stay on), metrics and a decode log line every 10 steps (the server's own counts).
@@ -57,8 +69,10 @@ VARIANTS: dict[str, dict[str, object]] = {
     # base.txt, which asks for them, must not be ok
     # issue #24: the EAGLE-3 server with the policy `sm120check crossover --write-policies` wrote (copied to
     # POLICY by tests/gpu/test_sglang_policy.py), and with SGLang's own adaptive steps (no file) as the anchor
-    "policy": {"sglang_server_speculative": True, "sglang_server_speculative_adaptive_config": POLICY},
+    "policy": POLICY_VARS,
     "sglang-adaptive": {"sglang_server_speculative": True, "sglang_server_speculative_adaptive": True},
+    # the policy server without SGLang's cap of 48 running requests for speculative servers, for the levels above 48
+    "policy-uncapped": {**POLICY_VARS, "sglang_server_max_running_requests": 256},
     "no-graphs": {
         "sglang_server_speculative": False,
         "sglang_server_extra_args": [*EXTRA_ARGS, "--disable-cuda-graph"],

@@ -5,6 +5,8 @@ fails here until the files are rendered again, so the GPU runs never test a comm
 from __future__ import annotations
 
 import importlib.util
+import json
+import shlex
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +30,7 @@ def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> N
         "base.txt",
         "fusion-on-one-gpu.txt",
         "no-graphs.txt",
+        "policy-uncapped.txt",
         "policy.txt",
         "sglang-adaptive.txt",
         "spec.txt",
@@ -42,3 +45,32 @@ def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> N
     bad = (tmp_path / "bad-draft.txt").read_text()
     assert "--model-path /tmp/sm120kit-models/bad-draft/target" in bad
     assert "--speculative-draft-model-path /tmp/sm120kit-models/bad-draft/draft" in bad
+
+
+def spec_numbers(argv: list[str]) -> tuple[int, int, int]:
+    flags = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
+    steps, topk, tokens = (int(argv[argv.index(flag) + 1]) for flag in flags)
+    return steps, topk, tokens
+
+
+def test_the_adaptive_launches_start_at_their_configs_largest_candidate_step() -> None:
+    """sglang-adaptive.txt (SGLang's built-in config, candidates up to 7) crashed at start with 3 steps on SGLang 0.5.16
+    (sglang#30549); it launches with 7 steps and 8 draft tokens now. policy.txt stays at 3 / 4, the largest candidate
+    of the policy the GPU test writes: the one of the 2026-12-02 run (3-step sweeps) has 3."""
+    launch = ROOT / "tests" / "gpu" / "launch"
+    assert spec_numbers(shlex.split((launch / "sglang-adaptive.txt").read_text())) == (7, 1, 8)
+    policy = shlex.split((launch / "policy.txt").read_text())
+    assert spec_numbers(policy) == (3, 1, 4)
+    real = json.loads((ROOT / "docs/validation/2026-12-02-h200-sglang-server/policy-file-run3.json").read_text())
+    largest = max(step for key, slot in real.items() if key.isdigit() for step in slot["candidate_steps"])
+    assert largest == renderer().POLICY_MAX_STEP == spec_numbers(shlex.split((launch / "spec.txt").read_text()))[0]
+
+
+def test_the_uncapped_policy_launch_is_the_policy_launch_with_256_running_requests() -> None:
+    launch = ROOT / "tests" / "gpu" / "launch"
+    policy = shlex.split((launch / "policy.txt").read_text())
+    uncapped = shlex.split((launch / "policy-uncapped.txt").read_text())
+    at = uncapped.index("--max-running-requests")
+    assert uncapped[at : at + 2] == ["--max-running-requests", "256"]
+    assert uncapped[:at] + uncapped[at + 2 :] == policy
+    assert "--max-running-requests" not in policy

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +21,9 @@ from bench.conftest import Sim
 from lab.loopback import QuietHandler, serve, url
 
 ROOT = Path(__file__).resolve().parents[2]
+# The policy `sm120check crossover --write-policies` wrote on the H200 from the 3-step EAGLE-3 sweeps (largest
+# candidate step 3), that a real SGLang 0.5.16 server started with at --speculative-num-steps 3.
+REAL_POLICY = ROOT / "docs" / "validation" / "2026-12-02-h200-sglang-server" / "policy-file-run3.json"
 PLAY = "- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [sglang_server]\n"
 
 
@@ -62,6 +67,19 @@ def run_role(tmp: Path, *tags: str, check: bool = False, **overrides: object) ->
 
 def command(tmp: Path) -> str:
     return (tmp / "etc" / "launch-command.txt").read_text()
+
+
+def spec_numbers(cmd: str) -> tuple[int, int, int]:
+    """--speculative-num-steps, --speculative-eagle-topk and --speculative-num-draft-tokens of a launch command."""
+    argv = shlex.split(cmd)
+    flags = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
+    steps, topk, tokens = (int(argv[argv.index(flag) + 1]) for flag in flags)
+    return steps, topk, tokens
+
+
+def flat(output: str) -> str:
+    """The play's output with Ansible's YAML line folding undone, so a message reads as one line."""
+    return " ".join(output.split()).replace("''", "'")
 
 
 def test_passed_checks_turn_on_fusion_and_symmetric_memory_for_eagle3(tmp_path: Path) -> None:
@@ -117,15 +135,17 @@ def test_missing_report_says_how_to_write_it_and_turns_both_off(tmp_path: Path) 
 
 def test_adaptive_config_and_legacy_fusion_flag_are_rendered(tmp_path: Path) -> None:
     doctor_report(tmp_path / "doctor.json", "pass", "fail", {"allreduce_fusion": "on", "symmetric_memory": "on"})
+    policy = tmp_path / "sglang-spec-adaptive.json"
+    shutil.copyfile(REAL_POLICY, policy)
     result = run_role(
         tmp_path,
         "sglang_server_configure",
-        sglang_server_speculative_adaptive_config="/etc/sm120kit/sglang-spec-adaptive.json",
+        sglang_server_speculative_adaptive_config=str(policy),
         sglang_server_legacy_fusion_flag=True,
     )
-    assert result.returncode == 0
+    assert result.returncode == 0, result.stdout[-3000:]
     cmd = command(tmp_path)
-    assert "--speculative-adaptive --speculative-adaptive-config /etc/sm120kit/sglang-spec-adaptive.json" in cmd
+    assert f"--speculative-adaptive --speculative-adaptive-config {policy}" in cmd
     assert "--enable-flashinfer-allreduce-fusion" in cmd and "--enable-torch-symm-mem" not in cmd
 
 
@@ -253,12 +273,139 @@ def test_verify_fails_the_play_naming_the_preflight_skip_and_its_fix(tmp_path: P
 
 
 def test_sglangs_own_adaptive_mode_is_rendered_without_a_file(tmp_path: Path) -> None:
-    """SGLang's adaptive speculation with its built-in steps (the anchor a policy file is measured against)."""
+    """SGLang's adaptive speculation with its built-in steps (the anchor a policy file is measured against), launched
+    at its largest candidate step 7: below it SGLang 0.5.16 died in CUDA-graph capture on the H200 (sglang#30549)."""
     doctor_report(tmp_path / "doctor.json", "fail", "fail")
-    assert run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive=True).returncode == 0
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive=True)
+    assert result.returncode == 0, result.stdout[-3000:]
     cmd = command(tmp_path)
     assert "--speculative-algorithm EAGLE3" in cmd and cmd.count("--speculative-adaptive") == 1
     assert "--speculative-adaptive-config" not in cmd
+    assert spec_numbers(cmd) == (7, 1, 8)
+    said = flat(result.stdout)
+    assert "largest candidate step is 7, so --speculative-num-steps is raised from 3 to 7" in said
+    assert "sglang#30549" in said
     off = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive=True,
                    sglang_server_speculative=False)  # fmt: skip
     assert off.returncode == 0 and "--speculative-adaptive" not in command(tmp_path)
+
+
+def adaptive_config(tmp: Path, text: str) -> Path:
+    path = tmp / "sglang-spec-adaptive.json"
+    path.write_text(text)
+    return path
+
+
+def test_a_config_files_largest_candidate_step_raises_the_launch_steps(tmp_path: Path) -> None:
+    config = adaptive_config(tmp_path, json.dumps({
+        "ema_alpha": 0.3, "1": {"candidate_steps": [1, 5]}, "8": {"candidate_steps": [0, 1]}, "17": {
+            "candidate_steps": [0]}}))  # fmt: skip
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive_config=str(config))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert spec_numbers(command(tmp_path)) == (5, 1, 6)
+    assert "largest candidate step is 5, so --speculative-num-steps is raised from 3 to 5" in flat(result.stdout)
+
+
+def test_a_policy_whose_largest_candidate_is_the_configured_step_keeps_it(tmp_path: Path) -> None:
+    policy = tmp_path / "sglang-spec-adaptive.json"
+    shutil.copyfile(REAL_POLICY, policy)
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive_config=str(policy))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert spec_numbers(command(tmp_path)) == (3, 1, 4)
+    assert "--speculative-num-steps 3 covers it" in flat(result.stdout)
+
+
+def test_configured_steps_above_every_candidate_are_kept_and_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """Steps 3 with candidates up to 2: the role does not lower them to 2 on its own, and SGLang would refuse 3 at start
+    ("is not in the adaptive config candidate_steps"), so the play stops before writing a launch that cannot start."""
+    config = adaptive_config(tmp_path, json.dumps({"1": {"candidate_steps": [1, 2]}, "8": {"candidate_steps": [0]}}))
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive_config=str(config))
+    assert result.returncode != 0
+    said = flat(result.stdout)
+    assert f"sglang_server_speculative_num_steps 3 is above every candidate step of {config}" in said
+    assert "Lower sglang_server_speculative_num_steps to 2 or add 3 to a slot's candidate_steps" in said
+    assert not (tmp_path / "etc").exists() and not list((tmp_path / "units").iterdir())
+    fixed = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive_config=str(config),
+                     sglang_server_speculative_num_steps=2)  # fmt: skip
+    assert fixed.returncode == 0, fixed.stdout[-3000:]
+    assert spec_numbers(command(tmp_path)) == (2, 1, 3)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('{"1": {"candidate_steps": [1, 3]}', "is not JSON (Expecting ',' delimiter"),
+        ('[{"candidate_steps": [1, 3]}]', "the file is JSON but not an object"),
+        ('{"ema_alpha": 0.2}', 'no batch-size slot (an integer-string key such as "1")'),
+        ('{"1": {"candidate_steps": [1, -3]}}', 'non-negative ints, not "1": [1, -3]'),
+        ('{"1": {"candidate_steps": []}, "8": {"steps": [0]}}', 'not "1": []; "8": "no candidate_steps"'),
+        ('{"1": {"candidate_steps": ["3"]}, "8": [0]}', 'not "1": ["3"]; "8": [0] (not an object)'),
+    ],
+    ids=["not-json", "a-list", "no-slot", "negative", "empty-and-missing", "string-and-not-an-object"],
+)
+def test_a_malformed_adaptive_config_fails_naming_the_file_before_anything_is_written(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    config = adaptive_config(tmp_path, text)
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive_config=str(config))
+    assert result.returncode != 0
+    said = flat(result.stdout)
+    assert f"{config} (sglang_server_speculative_adaptive_config) is" in said and problem in said
+    assert "sm120check crossover --write-policies" in said
+    assert not (tmp_path / "etc").exists() and not list((tmp_path / "units").iterdir())
+
+
+def test_an_adaptive_config_missing_on_the_node_is_refused_unless_its_largest_step_is_stated(tmp_path: Path) -> None:
+    missing = str(tmp_path / "later" / "sglang-spec-adaptive.json")
+    refused = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive_config=missing)
+    assert refused.returncode != 0
+    said = flat(refused.stdout)
+    assert f"{missing} (sglang_server_speculative_adaptive_config) is not there on localhost" in said
+    assert "set sglang_server_speculative_adaptive_max_candidate_step to its largest candidate step" in said
+    assert not (tmp_path / "etc").exists()
+    stated = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive_config=missing,
+                      sglang_server_speculative_adaptive_max_candidate_step=6)  # fmt: skip
+    assert stated.returncode == 0, stated.stdout[-3000:]
+    assert spec_numbers(command(tmp_path)) == (6, 1, 7)
+    assert "(sglang_server_speculative_adaptive_max_candidate_step: the file is not on the node yet)" in flat(
+        stated.stdout
+    )
+
+
+def test_a_stated_largest_step_that_the_file_contradicts_is_refused(tmp_path: Path) -> None:
+    config = adaptive_config(tmp_path, json.dumps({"1": {"candidate_steps": [1, 5]}}))
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative_adaptive_config=str(config),
+                      sglang_server_speculative_adaptive_max_candidate_step=3)  # fmt: skip
+    assert result.returncode != 0
+    assert f"the largest candidate step of {config} on the node is 5: drop the variable" in flat(result.stdout)
+
+
+def test_max_running_requests_is_rendered_and_lifts_the_48_request_warning(tmp_path: Path) -> None:
+    capped = run_role(tmp_path, "sglang_server_configure")
+    assert capped.returncode == 0, capped.stdout[-3000:]
+    assert "--max-running-requests" not in command(tmp_path)
+    assert "WARNING: SGLang caps a speculative server at 48 running requests" in flat(capped.stdout)
+    assert "Set sglang_server_max_running_requests" in flat(capped.stdout)
+    uncapped = run_role(tmp_path, "sglang_server_configure", sglang_server_max_running_requests=256)
+    assert uncapped.returncode == 0, uncapped.stdout[-3000:]
+    assert "--port 30000 --max-running-requests 256 --speculative-algorithm EAGLE3" in command(tmp_path)
+    assert "WARNING: SGLang caps" not in uncapped.stdout
+    zero = run_role(tmp_path, "sglang_server_configure", sglang_server_max_running_requests=0)
+    assert zero.returncode == 0 and "--max-running-requests" not in command(tmp_path)
+    base = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative=False)
+    assert base.returncode == 0 and "WARNING: SGLang caps" not in base.stdout
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (-1, "must be a positive int, or null or 0 for SGLang's choice (it is -1)"),
+        ("many", "sglang_server_max_running_requests"),
+    ],
+)
+def test_a_bad_max_running_requests_is_refused(tmp_path: Path, value: object, said: str) -> None:
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_max_running_requests=value)
+    assert result.returncode != 0
+    assert said in flat(result.stdout) and not (tmp_path / "etc").exists()
