@@ -11,6 +11,7 @@ verify-launch must call degraded), no-graphs.txt (the base command with --disabl
 CUDA-graph claim is checked against), policy.txt and sglang-adaptive.txt (issue #24: EAGLE-3 with our policy file,
 and with SGLang's own adaptive mode, whose largest candidate step 7 the role launches with: sglang#30549),
 policy-uncapped.txt (policy.txt with --max-running-requests 256: SGLang caps a speculative server at 48),
+zero-step.txt (EAGLE-3 held at 0 draft steps by crossover's sglang-zero-step.json, uncapped: the 0-step sweep),
 bad-draft.txt (EAGLE-3 with a draft that is never accepted), wait.json (the role's health URL, retries and delay:
 the bounded wait).
 No doctor report is given, so `auto` leaves fusion and symmetric memory off (fail closed).
@@ -40,6 +41,7 @@ POLICY = "/tmp/sm120kit-policy/sglang-spec-adaptive.json"  # where tests/gpu/tes
 # later states its largest candidate step instead. `sm120check crossover --write-policies` gives the first slot
 # {1, k // 2, k} with k the EAGLE-3 server's --speculative-num-steps (spec.txt: 3), and every other slot less, so 3.
 POLICY_MAX_STEP = 3
+ZERO_STEP = "/tmp/sm120kit-policy/sglang-zero-step.json"  # beside POLICY (tests/gpu/test_sglang_policy.py ZERO_STEP)
 POLICY_VARS: dict[str, object] = {
     "sglang_server_speculative": True,
     "sglang_server_speculative_adaptive_config": POLICY,
@@ -73,6 +75,13 @@ VARIANTS: dict[str, dict[str, object]] = {
     "sglang-adaptive": {"sglang_server_speculative": True, "sglang_server_speculative_adaptive": True},
     # the policy server without SGLang's cap of 48 running requests for speculative servers, for the levels above 48
     "policy-uncapped": {**POLICY_VARS, "sglang_server_max_running_requests": 256},
+    # the EAGLE-3 server held at 0 draft steps by the sglang-zero-step.json crossover writes (its unreached slot
+    # keeps the server's 3 steps among the candidates), uncapped: the 0-step sweep `crossover --zero-step` reads
+    "zero-step": {
+        **POLICY_VARS,
+        "sglang_server_speculative_adaptive_config": ZERO_STEP,
+        "sglang_server_max_running_requests": 256,
+    },
     "no-graphs": {
         "sglang_server_speculative": False,
         "sglang_server_extra_args": [*EXTRA_ARGS, "--disable-cuda-graph"],

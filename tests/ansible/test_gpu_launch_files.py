@@ -34,8 +34,9 @@ def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> N
         "policy.txt",
         "sglang-adaptive.txt",
         "spec.txt",
+        "zero-step.txt",
     ]
-    assert sorted(p.name for p in written) == [*names, "wait.json"]
+    assert sorted(p.name for p in written) == sorted([*names, "wait.json"])
     for path in written:
         committed = ROOT / "tests" / "gpu" / "launch" / path.name
         assert committed.read_text() == path.read_text(), f"{committed}: run scripts/device/render_launch.py"
@@ -45,6 +46,10 @@ def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> N
     bad = (tmp_path / "bad-draft.txt").read_text()
     assert "--model-path /tmp/sm120kit-models/bad-draft/target" in bad
     assert "--speculative-draft-model-path /tmp/sm120kit-models/bad-draft/draft" in bad
+    # the 0-step sweep's server: crossover's measuring file, its unreached slot's 3 steps launched, uncapped
+    zero = (tmp_path / "zero-step.txt").read_text()
+    assert "--speculative-adaptive-config /tmp/sm120kit-policy/sglang-zero-step.json" in zero
+    assert "--speculative-num-steps 3 " in zero and "--max-running-requests 256" in zero
 
 
 def spec_numbers(argv: list[str]) -> tuple[int, int, int]:
