@@ -7,6 +7,10 @@ PROFILE ?= core
 INVENTORY ?= inventory/localhost.yml
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k doctor"`.
 PYTEST_ARGS ?=
+# `make test` runs the suite in this many pytest-xdist workers (most slow tests wait on podman, Ansible, downloads or
+# llama-server, not on a core): each file's tests, and the files sharing a converged node or the SGLang releases,
+# stay in one worker (tests/conftest.py). PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: help venv provision fleet wheelhouse lab llama-server lint test test-fast test-full test-gpu sglang-stack bench readmes clean
 
@@ -45,7 +49,7 @@ lint: venv  ## ruff, mypy, role README tables, the GPU coverage table, no test t
 	$(BIN)/python scripts/test_asserts.py
 
 test: venv lab lint  ## every test this machine can run: unit, Ansible, container integration
-	$(BIN)/pytest -m "not gpu and not full" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not gpu and not full" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: venv  ## the fast tier: no containers, no downloads
 	$(BIN)/pytest -m "not container and not slow and not gpu and not full" $(PYTEST_ARGS)

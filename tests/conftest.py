@@ -7,6 +7,7 @@ CI (CI=true), where a missing lab is a failure: CI must never pass by skipping i
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 
@@ -57,6 +58,80 @@ def make_module_node(lab: str) -> Iterator[NodeFactory]:
 # the build finishes beside the other tests. Order within the file is kept.
 _LAST = ("tests/bench/test_real_engine.py",)
 
+# `make test` runs pytest-xdist workers with --dist loadfile: each file's tests run in one worker, so a module
+# fixture is built once. Files that share a session fixture costing minutes run in one worker too, so it is built
+# once: the converged core node (tests/integration/conftest.py) and every SGLang release scanned and patched
+# (tests/sglang/conftest.py). A file that starts using one of those fixtures belongs here (a worker warns).
+_SHARED_FIXTURES = {
+    "core_node": "core-node",
+    "core_host": "core-node",
+    "scans": "sglang-releases",
+    "cycles": "sglang-releases",
+}
+_SHARED_FILES = {
+    "tests/integration/test_converge_core.py": "core-node",
+    "tests/integration/test_core_node.py": "core-node",
+    "tests/integration/test_doctor_on_node.py": "core-node",
+    "tests/integration/test_remedies_run.py": "core-node",
+    "tests/sglang/test_eagle3.py": "sglang-releases",
+    "tests/sglang/test_releases.py": "sglang-releases",
+}
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: any(item.nodeid.startswith(path) for path in _LAST))
+
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its file, or the group of files that share an expensive session fixture."""
+    return _SHARED_FILES.get(_file(nodeid), _file(nodeid))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """--dist loadfile, with the files of _SHARED_FILES in one work unit per shared fixture."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    scheduler = LoadFileScheduling(config, log)
+    scheduler._split_scope = _work_unit  # the unit of a test: its file, or its _SHARED_FILES group
+    return scheduler
+
+
+def _is_last(item: pytest.Item) -> bool:
+    return any(item.nodeid.startswith(path) for path in _LAST)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):  # one process: in file order, the real-engine tests last
+        items.sort(key=_is_last)
+        return
+    _order_for_workers(items)
+
+
+def _order_for_workers(items: list[pytest.Item]) -> None:
+    """Order the work units for the workers (the scheduler hands them out in this order, with
+    --no-loadscope-reorder): units with container or slow tests first, in file order, then the real-engine tests
+    (the build has long finished by then, and fast tests run beside their sweeps on the other worker), then the rest.
+    """
+    for item in items:
+        shared = next(
+            (_SHARED_FIXTURES[name] for name in getattr(item, "fixturenames", ()) if name in _SHARED_FIXTURES), None
+        )
+        if shared is not None and _work_unit(item.nodeid) != shared:
+            warnings.warn(
+                f"{_file(item.nodeid)} uses the {shared} session fixture but is not in tests/conftest.py's "
+                "_SHARED_FILES: each xdist worker that runs it builds the fixture again",
+                pytest.PytestWarning,
+                stacklevel=1,
+            )
+    heavy = {
+        _work_unit(item.nodeid)
+        for item in items
+        if not _is_last(item) and (item.get_closest_marker("container") or item.get_closest_marker("slow"))
+    }
+
+    def rank(item: pytest.Item) -> int:
+        return 1 if _is_last(item) else 0 if _work_unit(item.nodeid) in heavy else 2
+
+    items.sort(key=rank)

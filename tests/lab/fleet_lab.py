@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab import cache_lock
 from lab.playbook import CONNECTION, NODE_PYTHON, REPO_ROOT, PlaybookRun, playbook_argv, run_playbook
 from lab.podman import Node, node_exec, podman
 
@@ -58,10 +59,10 @@ def write_inventory(tag: str, hosts: Sequence[str]) -> Path:
 def cu12_wheel() -> Path:
     """The CUDA 12 wheel, downloaded once from PyPI into .cache/fleet and checked against its pinned hash."""
     path = CACHE / CU12_WHEEL
-    if not path.is_file():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        pip = [sys.executable, "-m", "pip", "--isolated", "download", "--no-deps", "--only-binary=:all:"]
-        subprocess.run([*pip, "-q", "-d", str(CACHE), CU12_REQUIREMENT], check=True, timeout=300)
+    with cache_lock(CACHE / ".cu12.lock"):
+        if not path.is_file():
+            pip = [sys.executable, "-m", "pip", "--isolated", "download", "--no-deps", "--only-binary=:all:"]
+            subprocess.run([*pip, "-q", "-d", str(CACHE), CU12_REQUIREMENT], check=True, timeout=300)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != CU12_SHA256:
         path.unlink()

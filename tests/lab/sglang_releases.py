@@ -14,6 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab import cache_lock
+
+# Imported here, at collection, not in the first test that calls run_cli: cli binds tree.flashinfer_version by name,
+# so a first import under a test's monkeypatch of it (test_doctor_check.py) kept the stand-in for every later test in
+# that process (a scan without --flashinfer-version then saw FlashInfer 0.7.2).
+from sm120check.sglang import cli
+
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "sglang"
 FIXTURES = REPO / "tests" / "sglang" / "fixtures"
@@ -23,10 +30,18 @@ RELEASES = ("0.5.4", "0.5.9", "0.5.10", "0.5.14", "0.5.16", "0.5.23")
 
 
 def release_dir(version: str) -> Path:
-    """The unpacked wheel of `sglang==version` (it holds `sglang/`), downloaded once."""
+    """The unpacked wheel of `sglang==version` (it holds `sglang/`), downloaded once (under a lock, so two pytest
+    workers do not download and unpack the same release at once)."""
     target = CACHE / version
     if (target / "sglang" / "srt").is_dir():
         return target
+    with cache_lock(CACHE / f".{version}.lock"):
+        if (target / "sglang" / "srt").is_dir():
+            return target
+        return _download(version, target)
+
+
+def _download(version: str, target: Path) -> Path:
     wheels = CACHE / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     subprocess.run(
@@ -45,8 +60,6 @@ def release_dir(version: str) -> Path:
 
 def run_cli(*argv: str) -> tuple[int, str]:
     """`sm120check sglang ARGV` in-process: (exit status, stdout)."""
-    from sm120check.sglang import cli
-
     parser = argparse.ArgumentParser(prog="sm120check")
     cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["sglang", *argv])

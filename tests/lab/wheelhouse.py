@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from . import cache_lock
 from .playbook import REPO_ROOT, PlaybookRun, playbook_argv, run_playbook
 
 CACHE_ROOT = REPO_ROOT / ".cache" / "wheelhouse"
@@ -52,10 +53,18 @@ def cached_wheelhouse(profile: str) -> Path | None:
 def build_wheelhouse(profile: str, timeout: float = 1800) -> tuple[Path, PlaybookRun | None]:
     """The current wheelhouse of a profile, built by playbooks/wheelhouse.yml when the cache is stale.
 
-    Returns the directory and the build run (None when the cache was current).
+    Returns the directory and the build run (None when the cache was current). Under a lock: a second pytest
+    worker waits for the first's build and then finds it current.
     """
     if (cached := cached_wheelhouse(profile)) is not None:
         return cached, None
+    with cache_lock(CACHE_ROOT / f"{profile}.lock"):
+        if (cached := cached_wheelhouse(profile)) is not None:
+            return cached, None
+        return _build(profile, timeout)
+
+
+def _build(profile: str, timeout: float) -> tuple[Path, PlaybookRun]:
     key = wheelhouse_key(profile)
     directory, stamp = CACHE_ROOT / profile, CACHE_ROOT / f"{profile}.key"
     # Built in place (its requirement files may name the directory); the stamp is written only on success.

@@ -8,6 +8,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from lab import cache_lock
 from sm120check.stack.resolve import cache_root
 
 
@@ -19,10 +20,13 @@ def flashinfer_wheel(version: str) -> Path:
     """flashinfer-python==version's wheel, downloaded the first time it is asked for (pip takes one version of a
     project per run)."""
     folder = wheels_dir()
-    found = sorted(folder.glob(f"flashinfer_python-{version}-*.whl"))
-    if found:
-        return found[0]
-    folder.mkdir(parents=True, exist_ok=True)
+    # Looked up under the lock too: pip may still be writing the file another pytest worker asked for.
+    with cache_lock(folder / f".flashinfer_python-{version}.lock"):
+        found = sorted(folder.glob(f"flashinfer_python-{version}-*.whl"))
+        return found[0] if found else _download(folder, version)
+
+
+def _download(folder: Path, version: str) -> Path:
     subprocess.run(
         [
             sys.executable,
