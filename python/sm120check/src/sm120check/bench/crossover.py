@@ -168,6 +168,7 @@ def analyze(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: t
     base_runs = group_runs(base, names[0], warnings)
     spec_runs = group_runs(spec, names[1], warnings)
     _check_labels(base, spec, names, warnings)
+    _check_running_caps(base, spec, names, warnings)
     base_levels = set().union(*(c.keys() for c in base_runs))
     spec_levels = set().union(*(c.keys() for c in spec_runs))
     common = sorted(base_levels & spec_levels)
@@ -233,6 +234,43 @@ def _check_labels(
     if spec_said == {False}:
         warnings.append(f"{names[1]} was measured on a server without speculation (the server reported it off)")
     # None (the server did not say, e.g. llama.cpp or vLLM without SGLang's server info) is unknown: no warning
+
+
+# SGLang resets max_running_requests to this for a speculative server unless --max-running-requests is given
+# (sglang/srt/arg_groups/speculative_hook.py, 0.5.16); seen on the H200's EAGLE-3 server (2026-12-02-h200-policy)
+SGLANG_SPEC_RUNNING_DEFAULT = 48
+
+
+def running_cap(record: LevelSummary) -> int | None:
+    """The most requests the record's server runs at once, where its server info said (SGLang: max_running_requests)."""
+    server = record.meta.get("server")
+    cap = server.get("max_running_requests") if isinstance(server, Mapping) else None
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+
+
+def _check_running_caps(
+    base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: tuple[str, str], warnings: list[str]
+) -> None:
+    """A level above the server's max running requests measures that batch size with a queue, not its concurrency:
+    said per sweep, with SGLang's speculative default named."""
+    for records, name in ((base, names[0]), (spec, names[1])):
+        caps = {cap for r in records if (cap := running_cap(r)) is not None}
+        if not caps:
+            continue
+        cap = min(caps)
+        above = sorted({r.concurrency for r in records if r.concurrency > cap})
+        if not above:
+            continue
+        text = (
+            f"{name}: its server runs at most {cap} requests at once (max_running_requests), so at C={_levels(above)} "
+            f"the rest queued: those levels measure a batch of {cap}, and a policy slot above {cap} is never reached"
+        )
+        if cap == SGLANG_SPEC_RUNNING_DEFAULT and speculation_reported(records[0])[0]:
+            text += (
+                "; 48 is SGLang's default for a speculative server: raise it with --max-running-requests "
+                "(role variable sglang_server_max_running_requests)"
+            )
+        warnings.append(text)
 
 
 def _levels(values: Iterable[int]) -> str:
