@@ -14,10 +14,12 @@
 #             (patch, base server, no-graphs server, bad-draft server, revert; about 6 minutes)
 #   server-spec  gputests on tests/gpu/test_sglang_server.py's TestSpec (patch, EAGLE-3 server, revert; about 5 minutes;
 #             SERVER_SPEC_K=" or bench_counts" adds the base server's bench tests)
-#   policy    the issue #24 sweeps (tests/gpu/test_sglang_policy.py: five servers, five sweeps; about 20 minutes),
-#             in three calls: policy-curves (base and EAGLE-3 sweeps, crossover; about 8.5 minutes), policy-zero (the
-#             EAGLE-3 server held at 0 steps, the policy from it; about 4) then policy-adaptive (our policy, SGLang's
-#             adaptive mode, the verdicts; about 7); the sweeps wait for the next call in /tmp/sm120kit-policy
+#   policy    the issue #24 sweeps (tests/gpu/test_sglang_policy.py: five servers, five sweeps; about 25 minutes),
+#             in four calls on one warm machine: policy-curves (base and EAGLE-3 sweeps, crossover; about 8.5
+#             minutes), policy-zero (the EAGLE-3 server held at 0 steps, the policy from it, and the OpenAI APIs'
+#             accept length against the EAGLE-3 server; about 8), policy-ours (our policy's sweep, the steps it used;
+#             about 5), policy-anchor (SGLang's adaptive mode, the verdicts; about 5); the sweeps wait for the next
+#             call in /tmp/sm120kit-policy
 #   pcie      what this machine's PCIe readers see (issue #25): /proc/cmdline, /sys/class/iommu, the IOMMU groups,
 #             lspci -vvv of every NVIDIA device and its bridges, the kernel log's DMAR/AMD-Vi lines, and the doctor's
 #             iommu and pcie_acs checks, into $OUT/pcie
@@ -88,11 +90,16 @@ phase_policy_curves() {
 }
 
 phase_policy_zero() {
-  GPU_TESTS=tests/gpu/test_sglang_policy.py PYTEST_K=TestZeroStep phase_gputests
+  GPU_TESTS="tests/gpu/test_sglang_policy.py tests/gpu/test_sglang_server.py" \
+    PYTEST_K="TestZeroStep or openai_apis_count_what_the_eagle3_server_counts" phase_gputests
 }
 
-phase_policy_adaptive() {
-  GPU_TESTS=tests/gpu/test_sglang_policy.py PYTEST_K=TestAdaptive phase_gputests
+phase_policy_ours() {
+  GPU_TESTS=tests/gpu/test_sglang_policy.py PYTEST_K=TestPolicy phase_gputests
+}
+
+phase_policy_anchor() {
+  GPU_TESTS=tests/gpu/test_sglang_policy.py PYTEST_K=TestAnchor phase_gputests
 }
 
 phase_pcie() {

@@ -9,11 +9,11 @@ SGLang's 0-step slot is not the plain server (docs/validation/2026-12-02-h200-po
 policy's 0 slot comes from a measured 0-step sweep: the EAGLE-3 server held at 0 draft steps by the
 sglang-zero-step.json that `crossover --write-policies` writes, swept, then `crossover --zero-step`.
 
-Long (five servers, five sweeps of eight levels), so in three device calls: `scripts/device/sglang-server.sh venv
-policy-curves` (base, EAGLE-3, crossover), `policy-zero` (the 0-step sweep, the policy from it), then
-`policy-adaptive` (our policy, SGLang's adaptive, the verdicts). The sweeps persist between the calls in
-$SM120KIT_POLICY_SWEEPS (default /tmp/sm120kit-policy/sweeps, kept while the machine stays warm; every file is also in
-$SM120KIT_GPU_OUT, so a cold machine can be given them back).
+Long (five servers, five sweeps of eight levels), so in four device calls: `scripts/device/sglang-server.sh venv
+policy-curves` (base, EAGLE-3, crossover), `policy-zero` (the 0-step sweep, the policy from it), `policy-ours` (our
+policy's sweep, the steps it used), then `policy-anchor` (SGLang's adaptive mode, the four-curve verdicts). The
+sweeps persist between the calls in $SM120KIT_POLICY_SWEEPS (default /tmp/sm120kit-policy/sweeps, kept while the
+machine stays warm; every file is also in $SM120KIT_GPU_OUT, so a cold machine can be given them back).
 """
 
 from __future__ import annotations
@@ -180,17 +180,13 @@ class TestZeroStep:
         assert "1" in json.loads(POLICY.read_text())  # SGLang's loader needs the batch-size-1 slot
 
 
-class TestAdaptive:
-    @pytest.mark.parametrize("name", ["policy", "sglang-adaptive"])
-    def test_sweep_with_the_policy_and_sglangs_own_adaptive_mode(
-        self, patched: Patched, models: Path, name: str
-    ) -> None:
-        if name == "policy" and not POLICY.is_file():
-            pytest.fail(f"{POLICY} is missing: run the policy-curves phase first")
-        launch = "policy-uncapped.txt" if name == "policy" else f"{name}.txt"  # the 0-step sweep ran uncapped too
-        for server in start(f"policy-{name}", LAUNCH / launch):
-            sweep(server, name)
-        assert set(curve(name)) == set(LEVELS)
+class TestPolicy:
+    def test_sweep_with_the_policy(self, patched: Patched, models: Path) -> None:
+        if not POLICY.is_file():
+            pytest.fail(f"{POLICY} is missing: run the policy-curves and policy-zero phases first")
+        for server in start("policy-policy", LAUNCH / "policy-uncapped.txt"):  # uncapped, as the 0-step sweep ran
+            sweep(server, "policy")
+        assert set(curve("policy")) == set(LEVELS)
 
     def test_the_server_used_the_steps_the_policy_file_gives(self) -> None:
         """At every batch size seen in more than two samples, the steps the server used most are a candidate of
@@ -206,6 +202,14 @@ class TestAdaptive:
         save("policy-steps-verdict.json", {"wrong": {str(k): v for k, v in wrong.items()}, "config": config})
         assert seen, "no gauge sample had a running batch"
         assert not wrong, wrong
+
+
+class TestAnchor:
+    def test_sweep_with_sglangs_own_adaptive_mode(self, patched: Patched, models: Path) -> None:
+        """Its defaults, launched at their largest candidate step (7: sglang#30549 crashed the start at 3)."""
+        for server in start("policy-sglang-adaptive", LAUNCH / "sglang-adaptive.txt"):
+            sweep(server, "sglang-adaptive")
+        assert set(curve("sglang-adaptive")) == set(LEVELS)
 
     def test_the_policy_holds_the_upper_envelope_and_beats_sglangs_adaptive(self) -> None:
         curves = {name: curve(name) for name in ("base", "spec", "zero-step", "policy", "sglang-adaptive")}
