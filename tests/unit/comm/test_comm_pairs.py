@@ -20,6 +20,7 @@ from sm120check.doctor.checks import all_checks, pairs
 from sm120check.doctor.child import ChildOutcome
 from sm120check.doctor.health import load, stress
 from sm120check.doctor.health.payloads import PeerLink
+from sm120check.doctor.health.peer import PeerGpu
 from sm120check.doctor.model import Status
 from sm120check.doctor.payloads import PayloadError
 from sm120check.doctor.payloads.nccl_pair import PairRun
@@ -201,6 +202,19 @@ def test_a_failing_call_is_the_rounds_error_a_hidden_gpu_is_left_out_and_a_spent
     late = StandInCuda()
     rounds, _ = stress.measure_node(late, links[:2], deadline=time.monotonic(), settings=FAST)
     assert all(t.error.startswith("not measured") for t in rounds) and "cuMemcpyPeerAsync" not in late.calls
+
+
+def test_one_gpu_at_both_ends_is_said_to_be_the_same_gpu_not_a_host_staged_peer() -> None:
+    """scripts/device/pair_machinery.py's round on a one-GPU machine: CUDA says no peer access for a device to itself,
+    which is no host staging (the H200 run said so, 2026-12-02-h200-policy)."""
+    cuda = StandInCuda()
+    gpu = PeerGpu(0, BUS[0], 0)
+    with stress._primary_contexts(cuda, [gpu]) as (contexts, problems):
+        found = stress.measure_target(cuda, gpu, [gpu], contexts, FAST)
+    assert problems == [] and found.error == ""
+    (source,) = found.sources
+    assert source.access == "the same GPU: device-to-device copies, no peer path" and not source.p2p
+    assert "cuCtxEnablePeerAccess" not in cuda.calls and "cuDeviceCanAccessPeer" not in cuda.calls
 
 
 # ---- nccl_pairs: the judge --------------------------------------------------------------------------------------

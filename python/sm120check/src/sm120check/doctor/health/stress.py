@@ -135,7 +135,9 @@ def measure_target(
     try:
         for src in made:
             assert target.dev is not None and src.gpu.dev is not None
-            if can_access(cuda, src.gpu.dev, target.dev) and can_access(cuda, target.dev, src.gpu.dev):
+            if src.gpu.dev == target.dev:  # only scripts/device/pair_machinery.py, on a machine with one GPU
+                src.access = "the same GPU: device-to-device copies, no peer path"
+            elif can_access(cuda, src.gpu.dev, target.dev) and can_access(cuda, target.dev, src.gpu.dev):
                 src.access = _enable_both(cuda, src.ctx, target_ctx, enabled)
                 src.p2p = True
             else:
