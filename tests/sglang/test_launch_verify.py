@@ -267,7 +267,7 @@ def test_a_healthy_launch_is_ok_on_every_expectation(tmp_path: Path, docs: Docs,
     assert report["degraded"] == [] and report["unknown"] == []
     assert report["sglang_version"] == version and report["version_origin"] == "server_info"
     assert "avg_spec_accept_length 2.41" in str(run.verdict("speculative")["summary"])
-    assert report["data"] == {"avg_spec_accept_length": 2.41, "graph_memory_gb": 1.37}
+    assert report["data"] == {"avg_spec_accept_length": 2.41, "graph_memory_gb": 1.37, "max_running_requests": None}
 
 
 @pytest.mark.slow
@@ -443,6 +443,11 @@ HOSTILE: Mapping[str, tuple[bytes, str]] = {
         b'{"internal_states": [{"avg_spec_accept_length": NaN}]}',
         "'internal_states[0].avg_spec_accept_length' is a number (NaN), expected a finite number",
     ),
+    "zero-running-cap": (
+        b'{"max_running_requests": 0}',
+        "server_info field 'max_running_requests' is a number (0), expected a whole number >= 1",
+    ),
+    "running-cap-as-string": (b'{"max_running_requests": "48"}', "'max_running_requests' is a string (\"48\")"),
     "huge": (b'{"pad": "' + b"x" * (MAX_SERVER_INFO_BYTES + 10) + b'"}', "larger than 8388608 bytes"),
 }
 

@@ -94,6 +94,28 @@ def test_verdicts_on_the_real_servers_record(
     assert (code, verdicts(report)) == (status, expected)
 
 
+def test_the_speculative_servers_cap_of_48_is_noted_and_an_asked_for_cap_is_checked(tmp_path: Path) -> None:
+    """The recorded EAGLE-3 server ran max_running_requests=48 (SGLang's speculative default, spec.txt asks for no
+    cap): a note naming the role variable, no verdict changed; the base server reported none; a launch asking for 256
+    against that server is noted as not given."""
+    with recorded("spec") as where:
+        code, report = verify(where, "spec", "spec.txt")
+        uncapped = tmp_path / "uncapped.txt"
+        uncapped.write_text(
+            LAUNCH.joinpath("spec.txt").read_text().replace("--port 30000", "--port 30000 --max-running-requests 256")
+        )
+        _, asked = verify(where, "spec", str(uncapped))
+    assert code == 0 and report["data"]["max_running_requests"] == 48
+    (note,) = [n for n in report["notes"] if "requests at once" in n]
+    assert note.startswith("the server runs at most 48 requests at once: SGLang's default for speculative decoding")
+    assert "sglang_server_max_running_requests" in note
+    assert "the launch asked for --max-running-requests 256, the server runs at most 48" in " ".join(asked["notes"])
+    with recorded("base") as where:
+        _, base = verify(where, "base", "base.txt")
+    assert base["data"]["max_running_requests"] is None
+    assert not [n for n in base["notes"] if "requests at once" in n]
+
+
 def test_the_eagle3_servers_decode_lines_carry_its_accept_length() -> None:
     rows = decode_log.parse(FIXTURES.joinpath("spec-startup.log").read_text().splitlines())
     assert rows and all(r.accept_length is not None and 1.0 <= r.accept_length <= 4.0 for r in rows)

@@ -15,6 +15,7 @@ class LaunchRequest:
     origin: str  # "--expect", "--launch-command FILE", "server_info launch_command"
     speculative_algorithm: str | None = None
     fusion_backend: str | None = None  # the value given, "legacy flag" for --enable-flashinfer-allreduce-fusion
+    max_running_requests: str | None = None  # --max-running-requests as given (None: SGLang's choice)
 
 
 def parse_expect(text: str) -> tuple[Expectation, ...]:
@@ -70,7 +71,7 @@ def request_from_argv(argv: Sequence[str], origin: str) -> LaunchRequest:
         expected.append(Expectation.FUSION)
     if "--enable-torch-symm-mem" in opts:
         expected.append(Expectation.SYMM_MEM)
-    return LaunchRequest(tuple(expected), origin, algorithm, backend)
+    return LaunchRequest(tuple(expected), origin, algorithm, backend, opts.get("--max-running-requests") or None)
 
 
 def request_from_command(text: str, origin: str) -> LaunchRequest:

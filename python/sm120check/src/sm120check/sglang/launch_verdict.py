@@ -207,6 +207,33 @@ def _summary(e: Expectation, verdict: Verdict, evidence: Sequence[Evidence]) -> 
     return f"{chosen.text}{where}"
 
 
+# SGLang resets max_running_requests to this for speculative decoding unless --max-running-requests is given
+# (arg_groups/speculative_hook.py, 0.5.16; the H200's EAGLE-3 server ran so: docs/validation/2026-12-02-h200-policy)
+SPECULATIVE_RUNNING_DEFAULT = 48
+
+
+def running_cap_note(request: LaunchRequest, info: ServerInfo) -> str:
+    """What the server's running-request cap means for the launch ("" when nothing): SGLang's speculative default
+    that the launch did not choose, or a cap other than the one asked for."""
+    cap = info.max_running_requests
+    if cap is None:
+        return ""
+    if request.max_running_requests is not None:
+        if request.max_running_requests.strip() != str(cap):
+            return (
+                f"the launch asked for --max-running-requests {request.max_running_requests}, the server runs at most "
+                f"{cap} requests at once (server_args.max_running_requests)"
+            )
+        return ""
+    if info.speculative_algorithm and cap == SPECULATIVE_RUNNING_DEFAULT:
+        return (
+            f"the server runs at most {cap} requests at once: SGLang's default for speculative decoding when "
+            "--max-running-requests is not given, so requests above it queue; set it (role variable "
+            "sglang_server_max_running_requests) above the concurrency you serve"
+        )
+    return ""
+
+
 def judge(
     request: LaunchRequest,
     info: ServerInfo | None,
@@ -240,6 +267,8 @@ def judge(
             f"SGLang {version} is newer than the releases the log table was read from "
             f"({TABLE_RELEASES[0]}..{TABLE_RELEASES[1]}): a changed message reads as unknown, not degraded"
         )
+    if info is not None and (note := running_cap_note(request, info)):
+        notes.append(note)
     if log is not None and log.starts > 1:
         notes.append(f"the log holds {log.starts} server starts; only the last (line {log.start_line}) is judged")
     return LaunchReport(request, tuple(verdicts), version, version_origin, url, log, complete, info, tuple(notes))

@@ -29,6 +29,7 @@ class ServerInfo:
     disable_decode_cuda_graph: bool | None = None
     decode_graph_backend: str | None = None  # cuda_graph_config.decode.backend (0.5.14+)
     launch_command: str | None = None
+    max_running_requests: int | None = None  # what the server runs at once (SGLang sets 48 for speculation)
     accept_length: float | None = None  # internal_states[0].avg_spec_accept_length
     graph_memory_gb: float | None = None  # internal_states[0].memory_usage.graph (a number, or per phase)
 
@@ -68,6 +69,15 @@ def _number(value: object, name: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise LaunchError(f"{_where(name)} is {_type_name(value)} ({_short(value)}), expected a finite number")
     return float(value)
+
+
+def _count(doc: Mapping[str, object], name: str) -> int | None:
+    value = doc.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LaunchError(f"{_where(name)} is {_type_name(value)} ({_short(value)}), expected a whole number >= 1")
+    return value
 
 
 def _short(value: object) -> str:
@@ -123,6 +133,7 @@ def parse_server_info(raw: bytes | str) -> ServerInfo:
         disable_decode_cuda_graph=_bool(doc, "disable_decode_cuda_graph"),
         decode_graph_backend=decode_backend,
         launch_command=_launch_command(doc.get("launch_command")),
+        max_running_requests=_count(doc, "max_running_requests"),
         accept_length=_number(first.get("avg_spec_accept_length"), "internal_states[0].avg_spec_accept_length"),
         graph_memory_gb=_graph_memory(first.get("memory_usage")),
     )
