@@ -208,6 +208,7 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
     "scripts/device/peer-bandwidth.sh": ("scripts/device/peer-bandwidth.sh", *GPU_CHECKS["gpu_peer_bandwidth"]),
     "scripts/device/peer-self-pair.py": (
         "scripts/device/peer-self-pair.py",
+        "scripts/device/pair_machinery.py",
         f"{_D}/health/peer.py",
         f"{_D}/health/load.py",
     ),

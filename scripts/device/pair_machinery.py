@@ -46,19 +46,25 @@ def ranks_alive() -> list[str]:
     return [line for line in ps.splitlines() if "sm120check.doctor.probes.ranks" in line and "ps -eo" not in line]
 
 
-def main(out: Path) -> int:
+def gpu_zero() -> tuple[load.Cuda, peer.PeerGpu]:
+    """libcuda and GPU 0 as the pair checks name a GPU: its NVML index, bus id and CUDA device."""
     nvml = Nvml.open(lambda _: None)
     try:
         bus = nvml.gpu(0).bus_id
     finally:
         nvml.close()
     cuda = load.Cuda.open()
-    dev = cuda.device_by_bus()[load.pci_key(bus) or (0, 0, 0)]
-    gpu = peer.PeerGpu(0, bus, dev)
+    return cuda, peer.PeerGpu(0, bus, cuda.device_by_bus()[load.pci_key(bus) or (0, 0, 0)])
+
+
+def main(out: Path) -> int:
+    cuda, gpu = gpu_zero()
+    dev, bus = gpu.dev, gpu.bus_id
+    assert dev is not None
     found: dict[str, object] = {"bus_id": bus}
     with load.held_context(cuda, dev):
         found["copy"] = peer.measure_pair(cuda, gpu, gpu).to_json()
-    with stress._primary_contexts(cuda, [gpu]) as (contexts, problems):
+    with stress.primary_contexts(cuda, [gpu]) as (contexts, problems):
         found["stress_problems"] = problems
         found["stress"] = stress.measure_target(cuda, gpu, [gpu], contexts).to_json()
     for key, p2p in (("nccl_on", True), ("nccl_off", False)):

@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import json
 
-from sm120check.doctor.health import load, peer
-from sm120check.doctor.health.nvml_health import Nvml
+from pair_machinery import gpu_zero  # scripts/device, this script's own directory
 
-nvml = Nvml.open(lambda _: None)
-try:
-    bus = nvml.gpu(0).bus_id
-finally:
-    nvml.close()
-cuda = load.Cuda.open()
-dev = cuda.device_by_bus()[load.pci_key(bus) or (0, 0, 0)]
-gpu = peer.PeerGpu(0, bus, dev)
-with load.held_context(cuda, dev):
+from sm120check.doctor.health import load, peer
+
+cuda, gpu = gpu_zero()
+assert gpu.dev is not None
+with load.held_context(cuda, gpu.dev):
     pair = peer.measure_pair(cuda, gpu, gpu)
 print(json.dumps(pair.to_json()))

@@ -209,7 +209,7 @@ def test_one_gpu_at_both_ends_is_said_to_be_the_same_gpu_not_a_host_staged_peer(
     which is no host staging (the H200 run said so, 2026-12-02-h200-policy)."""
     cuda = StandInCuda()
     gpu = PeerGpu(0, BUS[0], 0)
-    with stress._primary_contexts(cuda, [gpu]) as (contexts, problems):
+    with stress.primary_contexts(cuda, [gpu]) as (contexts, problems):
         found = stress.measure_target(cuda, gpu, [gpu], contexts, FAST)
     assert problems == [] and found.error == ""
     (source,) = found.sources

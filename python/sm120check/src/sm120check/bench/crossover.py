@@ -24,6 +24,7 @@ from sm120check.bench.goodput import Goodput, GoodputError
 from sm120check.bench.percentiles import mean_std
 from sm120check.bench.records import LevelSummary, RecordError
 from sm120check.bench.speculation import FLAG as DRAFT_FLAG
+from sm120check.sglang.launch_terms import RAISE_RUNNING_CAP, SPECULATIVE_RUNNING_DEFAULT
 
 Curve = dict[int, LevelSummary]  # concurrency -> one run's level record
 
@@ -236,11 +237,6 @@ def _check_labels(
     # None (the server did not say, e.g. llama.cpp or vLLM without SGLang's server info) is unknown: no warning
 
 
-# SGLang resets max_running_requests to this for a speculative server unless --max-running-requests is given
-# (sglang/srt/arg_groups/speculative_hook.py, 0.5.16); seen on the H200's EAGLE-3 server (2026-12-02-h200-policy)
-SGLANG_SPEC_RUNNING_DEFAULT = 48
-
-
 def running_cap(record: LevelSummary) -> int | None:
     """The most requests the record's server runs at once, where its server info said (SGLang: max_running_requests)."""
     server = record.meta.get("server")
@@ -265,11 +261,8 @@ def _check_running_caps(
             f"{name}: its server runs at most {cap} requests at once (max_running_requests), so at C={_levels(above)} "
             f"the rest queued: those levels measure a batch of {cap}, and a policy slot above {cap} is never reached"
         )
-        if cap == SGLANG_SPEC_RUNNING_DEFAULT and speculation_reported(records[0])[0]:
-            text += (
-                "; 48 is SGLang's default for a speculative server: raise it with --max-running-requests "
-                "(role variable sglang_server_max_running_requests)"
-            )
+        if cap == SPECULATIVE_RUNNING_DEFAULT and speculation_reported(records[0])[0]:
+            text += f"; {cap} is {RAISE_RUNNING_CAP}"
         warnings.append(text)
 
 

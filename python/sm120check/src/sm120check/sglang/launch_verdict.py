@@ -11,7 +11,7 @@ from enum import Enum
 from sm120check import versions
 from sm120check.sglang.launch_patterns import NEVER_RAN, SILENT_WHEN_ON, TABLE_RELEASES
 from sm120check.sglang.launch_request import LaunchRequest
-from sm120check.sglang.launch_terms import Expectation, Sign
+from sm120check.sglang.launch_terms import RAISE_RUNNING_CAP, SPECULATIVE_RUNNING_DEFAULT, Expectation, Sign
 from sm120check.sglang.server_info import ServerInfo
 from sm120check.sglang.startup_log import LogScan
 
@@ -207,30 +207,22 @@ def _summary(e: Expectation, verdict: Verdict, evidence: Sequence[Evidence]) -> 
     return f"{chosen.text}{where}"
 
 
-# SGLang resets max_running_requests to this for speculative decoding unless --max-running-requests is given
-# (arg_groups/speculative_hook.py, 0.5.16; the H200's EAGLE-3 server ran so: docs/validation/2026-12-02-h200-policy)
-SPECULATIVE_RUNNING_DEFAULT = 48
-
-
 def running_cap_note(request: LaunchRequest, info: ServerInfo) -> str:
     """What the server's running-request cap means for the launch ("" when nothing): SGLang's speculative default
     that the launch did not choose, or a cap other than the one asked for."""
     cap = info.max_running_requests
     if cap is None:
         return ""
-    if request.max_running_requests is not None:
-        if request.max_running_requests.strip() != str(cap):
+    asked = request.max_running_requests
+    if asked is not None:
+        if not (asked.strip().isdigit() and int(asked) == cap):
             return (
-                f"the launch asked for --max-running-requests {request.max_running_requests}, the server runs at most "
-                f"{cap} requests at once (server_args.max_running_requests)"
+                f"the launch asked for --max-running-requests {asked}, the server runs at most {cap} requests at "
+                "once (server_args.max_running_requests)"
             )
         return ""
     if info.speculative_algorithm and cap == SPECULATIVE_RUNNING_DEFAULT:
-        return (
-            f"the server runs at most {cap} requests at once: SGLang's default for speculative decoding when "
-            "--max-running-requests is not given, so requests above it queue; set it (role variable "
-            "sglang_server_max_running_requests) above the concurrency you serve"
-        )
+        return f"the server runs at most {cap} requests at once: {RAISE_RUNNING_CAP}; requests above it queue"
     return ""
 
 

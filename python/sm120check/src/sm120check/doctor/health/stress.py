@@ -204,7 +204,7 @@ def _unmeasured(target: PeerGpu, sources: Sequence[PeerGpu], why: str) -> Stress
 
 
 @contextlib.contextmanager
-def _primary_contexts(cuda: Cuda, gpus: Sequence[PeerGpu]) -> Iterator[tuple[dict[int, ctypes.c_void_p], list[str]]]:
+def primary_contexts(cuda: Cuda, gpus: Sequence[PeerGpu]) -> Iterator[tuple[dict[int, ctypes.c_void_p], list[str]]]:
     """Each usable GPU's primary context (NVML index -> handle), retained for the whole stress; why the others are
     not usable."""
     contexts: dict[int, ctypes.c_void_p] = {}
@@ -250,7 +250,7 @@ def measure_node(
         missing = "" if link.bus_id else f"NVML cannot open GPU {link.index}: {link.status}"
         gpus.append(PeerGpu(link.index, link.bus_id, by_bus.get(key) if key is not None else None, missing))
     found: list[StressTarget] = []
-    with _primary_contexts(cuda, gpus) as (contexts, problems):
+    with primary_contexts(cuda, gpus) as (contexts, problems):
         usable = [g for g in gpus if g.index in contexts]
         for target in usable if len(usable) >= 2 else ():
             sources = [g for g in usable if g.index != target.index]
