@@ -13,7 +13,8 @@ and with SGLang's own adaptive mode, whose largest candidate step 7 the role lau
 policy-uncapped.txt (policy.txt with --max-running-requests 256: SGLang caps a speculative server at 48),
 zero-step.txt (EAGLE-3 held at 0 draft steps by crossover's sglang-zero-step.json, uncapped: the 0-step sweep),
 bad-draft.txt (EAGLE-3 with a draft that is never accepted), wait.json (the role's health URL, retries and delay:
-the bounded wait).
+the bounded wait). Beside each NAME.txt, NAME.env: the role's systemd EnvironmentFile for it, which the GPU tests
+start the server with (tests/lab/sglang_gpu.py).
 No doctor report is given, so `auto` leaves fusion and symmetric memory off (fail closed).
 """
 
@@ -42,10 +43,15 @@ POLICY = "/tmp/sm120kit-policy/sglang-spec-adaptive.json"  # where tests/gpu/tes
 # {1, k // 2, k} with k the EAGLE-3 server's --speculative-num-steps (spec.txt: 3), and every other slot less, so 3.
 POLICY_MAX_STEP = 3
 ZERO_STEP = "/tmp/sm120kit-policy/sglang-zero-step.json"  # beside POLICY (tests/gpu/test_sglang_policy.py ZERO_STEP)
+# SGLang 0.5.16's 0-step slot still runs the draft's extend every step (2.6 x the plain server's step time at batch
+# 30, docs/validation/2026-12-02-h200-policy); this experimental env of SGLang's skips it at 0 steps (an upshift then
+# drafts from stale state until those requests end). The 0-step sweep and the policy server run with it alike.
+SKIP_ZERO_STEP_EXTEND = {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}
 POLICY_VARS: dict[str, object] = {
     "sglang_server_speculative": True,
     "sglang_server_speculative_adaptive_config": POLICY,
     "sglang_server_speculative_adaptive_max_candidate_step": POLICY_MAX_STEP,
+    "sglang_server_env": SKIP_ZERO_STEP_EXTEND,
 }
 # The server options this stack needs on the H200 (scripts/device/sglang_stack.py says why): triton attention and
 # torch sampling (FA3 and FlashInfer's JIT are not carried), no prefill CUDA graph (its capture costs a minute of
@@ -144,7 +150,9 @@ def render_all(out: Path) -> list[Path]:
         for name in VARIANTS:
             text = (work / name / "launch-command.txt").read_text(encoding="utf-8")
             (out / f"{name}.txt").write_text(text, encoding="utf-8")
-            written.append(out / f"{name}.txt")
+            unit_env = (work / name / "environment").read_text(encoding="utf-8")
+            (out / f"{name}.env").write_text(unit_env, encoding="utf-8")
+            written += [out / f"{name}.txt", out / f"{name}.env"]
         wait = (work / next(iter(VARIANTS)) / "wait.json").read_text(encoding="utf-8")
         (out / "wait.json").write_text(wait.strip() + "\n", encoding="utf-8")
         written.append(out / "wait.json")

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,7 +38,8 @@ def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> N
         "spec.txt",
         "zero-step.txt",
     ]
-    assert sorted(p.name for p in written) == sorted([*names, "wait.json"])
+    envs = [name.replace(".txt", ".env") for name in names]
+    assert sorted(p.name for p in written) == sorted([*names, *envs, "wait.json"])
     for path in written:
         committed = ROOT / "tests" / "gpu" / "launch" / path.name
         assert committed.read_text() == path.read_text(), f"{committed}: run scripts/device/render_launch.py"
@@ -50,6 +53,32 @@ def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> N
     zero = (tmp_path / "zero-step.txt").read_text()
     assert "--speculative-adaptive-config /tmp/sm120kit-policy/sglang-zero-step.json" in zero
     assert "--speculative-num-steps 3 " in zero and "--max-running-requests 256" in zero
+
+
+def test_the_gpu_tests_start_the_servers_with_the_roles_environment_file() -> None:
+    """The 0-step sweep and the policy server skip the 0-step draft extend alike (SGLang's
+    SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND); the plain and EAGLE-3 servers run with the role's default environment
+    only. Read by the parser tests/gpu's start() uses, which refuses a line the unit's template cannot have written."""
+    from lab.sglang_gpu import environment_file
+
+    launch = ROOT / "tests" / "gpu" / "launch"
+    skip = {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}
+    default = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    for name in ("zero-step", "policy", "policy-uncapped"):
+        assert environment_file(launch / f"{name}.env") == default | skip, name
+    for name in ("base", "spec", "sglang-adaptive", "bad-draft", "no-graphs"):
+        assert environment_file(launch / f"{name}.env") == default, name
+
+
+def test_the_environment_file_parser_undoes_the_roles_escaping(tmp_path: Path) -> None:
+    from lab.sglang_gpu import environment_file
+
+    path = tmp_path / "environment"
+    path.write_text('# Ansible managed\nA="x\\$HOME\\`id\\`\\"\\\\y \' %n"\n\nB="two  spaces"\n')
+    assert environment_file(path) == {"A": "x$HOME`id`\"\\y ' %n", "B": "two  spaces"}
+    path.write_text("A=unquoted\n")
+    with pytest.raises(ValueError, match="A=unquoted"):
+        environment_file(path)
 
 
 def spec_numbers(argv: list[str]) -> tuple[int, int, int]:

@@ -7,7 +7,9 @@ and the draft steps the server really used per batch size (its `sglang:spec_num_
 
 SGLang's 0-step slot is not the plain server (docs/validation/2026-12-02-h200-policy: 0.39-0.53 x of it), so the
 policy's 0 slot comes from a measured 0-step sweep: the EAGLE-3 server held at 0 draft steps by the
-sglang-zero-step.json that `crossover --write-policies` writes, swept, then `crossover --zero-step`.
+sglang-zero-step.json that `crossover --write-policies` writes, swept, then `crossover --zero-step`. That server and
+the policy server run with SGLang's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 (the role's environment file,
+tests/gpu/launch/*.env): at 0 steps SGLang 0.5.16 otherwise still runs the draft's extend every step.
 
 Long (five servers, five sweeps of eight levels), so in four device calls: `scripts/device/sglang-server.sh venv
 policy-curves` (base, EAGLE-3, crossover), `policy-zero` (the 0-step sweep, the policy from it), `policy-ours` (our

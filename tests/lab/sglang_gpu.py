@@ -9,6 +9,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -194,14 +195,31 @@ class Server:
         return data
 
 
+def environment_file(path: Path) -> dict[str, str]:
+    """The role's systemd EnvironmentFile (roles/sglang_server/templates/environment.j2: NAME="value" per line, the
+    value's \\ " $ and ` escaped by a backslash), as the unit would load it."""
+    env = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if not (sep and name.isidentifier() and len(value) >= 2 and value[0] == value[-1] == '"'):
+            raise ValueError(f'{path}:{number}: not NAME="value": {line!r}')
+        env[name] = re.sub(r"\\(.)", r"\1", value[1:-1])
+    return env
+
+
 def start(name: str, launch: Path) -> Iterator[Server]:
-    """Start the server from the role's launch command and wait as the role does (its health URL, retries x delay),
-    polling more often; stop its whole process group afterwards."""
+    """Start the server from the role's launch command and its environment file (NAME.env beside NAME.txt), and wait
+    as the role does (its health URL, retries x delay), polling more often; stop its whole process group afterwards."""
     argv = shlex.split(launch.read_text())  # the stack venv's python (scripts/device/sglang_stack.py install)
+    unit_env = environment_file(launch.with_suffix(".env"))
+    save(f"{name}-environment.json", unit_env)
+    env = {**child_env(), **unit_env, **SAFE_ENV}  # the file wins, as in the unit; multicast stays off regardless
     wait = json.loads((LAUNCH / "wait.json").read_text())
     log = OUT / f"{name}.log"
     with log.open("wb") as sink:
-        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = Server(name, wait["health_url"].rsplit("/health", 1)[0], log, launch, proc)
     deadline = time.monotonic() + int(wait["retries"]) * int(wait["delay"])
     try:
