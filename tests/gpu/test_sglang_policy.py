@@ -58,7 +58,13 @@ SWEEP_LIFETIMES = 10
 POLICY = Path("/tmp/sm120kit-policy/sglang-spec-adaptive.json")  # rendered into tests/gpu/launch/policy*.txt
 ZERO_STEP = Path("/tmp/sm120kit-policy/sglang-zero-step.json")  # rendered into tests/gpu/launch/zero-step.txt
 SWEEPS = Path(os.environ.get("SM120KIT_POLICY_SWEEPS") or "/tmp/sm120kit-policy/sweeps")
-WINDOW_KEYS = ("concurrency", "throughput_tok_s", "server_window_tok_s", "window_lifetimes")
+WINDOW_KEYS = (
+    "concurrency",
+    "throughput_tok_s",
+    "server_window_tok_s",
+    "server_window_tok_s_range",
+    "window_lifetimes",
+)
 ENVELOPE = 0.05  # the target: our policy within 5 % of max(base, EAGLE-3) at every level
 
 pytestmark = MARKS

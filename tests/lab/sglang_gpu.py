@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from sm120check.bench import metrics
-from sm120check.bench.server_rate import MIN_LIFETIMES
+from sm120check.bench.server_rate import MIN_LIFETIMES, outside
 from sm120check.sglang import decode_log
 
 # The marks of every SGLang server test module in tests/gpu: a GPU and a carried SGLang, or a skip saying which
@@ -322,19 +322,17 @@ def check_level(level: Level) -> list[str]:
 
 def window_problems(rec: dict[str, Any]) -> list[str]:
     """The bench's window throughput against the server's generation counter over the same window, where the window
-    spans enough request lifetimes for a completion counter to judge (bench/server_rate.py MIN_LIFETIMES); shorter
-    windows are reported in the level table as not judged, never called agreement."""
+    spans enough request lifetimes for a completion counter to judge (bench/server_rate.py MIN_LIFETIMES) and
+    outside what the counter's samples around the window's edges allow (widened by the tolerance); shorter windows
+    are reported in the level table as not judged, never called agreement."""
     server, lifetimes = rec.get("server_window_tok_s"), rec.get("window_lifetimes")
-    if server is None:
+    span = rec.get("server_window_tok_s_range")
+    if server is None or span is None:
         return ["the bench recorded no server counter over its window"]
-    if (
-        lifetimes is not None
-        and lifetimes >= MIN_LIFETIMES
-        and abs(rec["throughput_tok_s"] - server) > TOLERANCE * server
-    ):
+    if lifetimes is not None and lifetimes >= MIN_LIFETIMES and outside(rec["throughput_tok_s"], tuple(span)):
         return [
-            f"throughput {rec['throughput_tok_s']:.1f} tok/s against the server's counter {server:.1f} over the same "
-            f"window ({lifetimes:.1f} lifetimes)"
+            f"throughput {rec['throughput_tok_s']:.1f} tok/s against the server's counter {server:.1f} "
+            f"({span[0]:.1f}-{span[1]:.1f} between its samples) over the same window ({lifetimes:.1f} lifetimes)"
         ]
     return []
 
@@ -350,6 +348,7 @@ def level_table(levels: list[Level]) -> list[dict[str, object]]:
             "concurrency": lv.concurrency,
             "bench_tok_s": lv.record["throughput_tok_s"],
             "server_window_tok_s": lv.record.get("server_window_tok_s"),
+            "server_window_tok_s_range": lv.record.get("server_window_tok_s_range"),
             "window_lifetimes": lv.record.get("window_lifetimes"),
             "counter_judged": judged(lv.record),
             "server_log_tok_s": None if lv.rate is None else round(lv.rate.tok_s, 1),
