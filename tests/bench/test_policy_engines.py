@@ -265,6 +265,12 @@ def test_without_a_measured_zero_step_sweep_sglang_keeps_speculation_at_every_ba
     assert {params._route(bs).candidate_steps[0] for bs in range(1, 513)} == {1}  # never a 0-step candidate
     never = make_policies(analysis(13.2), 3, zero_step=ZeroStep(None, "zero.jsonl", "speculation wins everywhere"))
     assert never.sglang.off_at is None and "never overtake" in never.sglang.zero_step
+    # one slot changes nothing with load: the static launch is named; a file with tiers gets no such hint
+    assert "launch static (--speculative-num-steps 3, without --speculative-adaptive)" in p.sglang.static
+    assert (
+        reduced.sglang.static == ""
+        and make_policies(analysis(13.2), 3, zero_step=measured_zero(13.2)).sglang.static == ""
+    )
 
 
 @pytest.mark.parametrize("version", ["0.5.14", "0.5.16", "0.5.23"])

@@ -192,9 +192,37 @@ def analyze(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: t
     tau = sum(accept) / len(accept) if accept else None
     model = fit_cost_model(base_runs, spec_runs, common, tau)
     steps = _spec_steps(spec)
+    if note := deeper_steps_note(levels, steps):
+        warnings.append(note)
     reported = {speculation_reported(r)[0] for r in spec}
     spec_reported = True if True in reported else (False if reported == {False} else None)
     return Analysis(levels, crossover, model, len(base_runs), len(spec_runs), steps, tuple(warnings), spec_reported)
+
+
+# At the lowest level, an accept length this close to the steps + 1 a verify can take says more draft steps are
+# likely to pay at low load: the policies cannot place steps the sweep did not measure.
+DEEPER_ACCEPT = 0.8
+DEEPER_MEASURED = (
+    "measured: an SGLang 0.5.16 server whose 3-step draft was accepted 3.36 of 4 gave 0.91, 0.82, 0.92 x SGLang's "
+    "adaptive mode drafting 7 steps (accept 5.45) at C=1, 2, 5 (H200, docs/validation/2026-12-02-h200-policy-2)"
+)
+
+
+def deeper_steps_note(levels: Sequence[LevelCompare], steps: int | None) -> str:
+    """A note when the draft was accepted nearly in full at the lowest level ("" otherwise)."""
+    low = min(levels, key=lambda lv: lv.concurrency, default=None)
+    if low is None or not steps or not low.accept_length:
+        return ""
+    share = low.accept_length / (steps + 1)
+    if share < DEEPER_ACCEPT:
+        return ""
+    return (
+        f"at C={low.concurrency} the draft was accepted {low.accept_length:.2f} of the {steps + 1} tokens a "
+        f"{steps}-step verify takes ({share:.0%}): more draft steps are likely to pay at low load, and the "
+        f"policies stop at the {steps} this sweep measured; bench a speculative server with more (SGLang: "
+        f"--speculative-num-steps {2 * steps + 1} --speculative-num-draft-tokens {2 * steps + 2}) and compare "
+        f"the two sweeps ({DEEPER_MEASURED})"
+    )
 
 
 def speculation_reported(record: LevelSummary) -> tuple[bool | None, str]:

@@ -115,6 +115,7 @@ def policies_text(p: Policies | None, reason: str) -> str:
         zero,
     ]
     lines += [snapped] if snapped else []
+    lines += [f"  {sg.static}"] if sg.static else []
     lines += [
         f"  {SGLANG_MIN_RELEASE} is the first release that takes a 0-step candidate (0.5.13 refuses it, "
         "0.5.11/0.5.12 ignore per-batch-size slots); adaptive falls back to static steps without an error "
@@ -165,6 +166,7 @@ def render_json(analysis: Analysis, names: tuple[str, str], policies: Policies |
             "sglang_off_at": policies.sglang.off_at,
             "sglang_reduced_from": policies.sglang.reduced_from,
             "sglang_zero_step": policies.sglang.zero_step,
+            "sglang_static": policies.sglang.static,
             "sglang_speculative_adaptive_config": policies.sglang.config,
             "vllm_min_release": VLLM_MIN_RELEASE,
             "vllm_file": vllm_file(policies),

@@ -16,10 +16,13 @@ the engine's own code (tests/bench/test_policy_engines.py):
   A 0-step slot is not the plain server: on a real SGLang 0.5.16 server (H200, 2026-12-02) the EAGLE-3 server in
   its 0-step slot gave 0.39-0.53 x the plain server's throughput at C=10-250, below full speculation's 0.58-0.83 x
   (it still runs a one-token verify and the draft's extend every step, and SGLang caps a speculative server at 48
-  running requests). The base sweep says nothing about that tier, so the SGLang file gets a 0 candidate only from
-  a measured 0-step sweep (`ZeroStep`: the speculative server started with ZERO_STEP_FILE, benched, passed as
-  `crossover --zero-step`), from the batch size where it overtakes full speculation; without one, the file keeps
-  speculation at every batch size and the plain server's throughput above the crossover is the router's to get.
+  running requests). Uncapped and with SGLang's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 (no draft extend at 0
+  steps) it gave 0.43-0.71 x, still below full speculation at every level to C=250 (the one-token verify through
+  the speculative path costs that much; docs/validation/2026-12-02-h200-policy-2). The base sweep says nothing
+  about that tier, so the SGLang file gets a 0 candidate only from a measured 0-step sweep (`ZeroStep`: the
+  speculative server started with ZERO_STEP_FILE, benched, passed as `crossover --zero-step`), from the batch size
+  where it overtakes full speculation; without one, the file keeps speculation at every batch size and the plain
+  server's throughput above the crossover is the router's to get.
 - vLLM 0.24.0+: `num_speculative_tokens_per_batch_size` in the speculative config, a list of inclusive
   [min_bs, max_bs, k]; the V1 model runner then forces PIECEWISE CUDA graphs.
 - TensorRT-LLM: `draft_len_schedule` {largest batch size of the tier: draft length} in the speculative_config of
@@ -78,7 +81,13 @@ def sglang_slot_start(batch: int) -> int:
 
 # SGLang's 0-step tier measured on the H200 (docs/validation/2026-12-02-h200-policy): the policy server's 0-step
 # throughput over the plain server's at C=10, 30, 70, 100, 250
-ZERO_STEP_MEASURED = "0.53, 0.47, 0.40, 0.48, 0.39 x the plain server at C=10, 30, 70, 100, 250 (SGLang 0.5.16, H200)"
+ZERO_STEP_MEASURED = (
+    "0.53, 0.47, 0.40, 0.48, 0.39 x the plain server at C=10, 30, 70, 100, 250 (SGLang 0.5.16, H200); uncapped "
+    "and with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1, 0.71, 0.53, 0.44, 0.43, 0.61 x"
+)
+# SGLang's adaptive mode against the same server without it, same steps and accept length (H200,
+# docs/validation/2026-12-02-h200-policy and -policy-2)
+ADAPTIVE_AT_C1 = "SGLang 0.5.16's adaptive mode gave 0.82 and 0.78 x the static server at C=1 (H200, two runs)"
 # A slot key no running batch reaches: SGLang's zero-step measuring file names the server's draft steps there, so the
 # union of its candidates (which sizes SGLang's draft buffers and graphs) still matches --speculative-num-steps
 UNREACHED_BATCH = 1 << 20
@@ -91,6 +100,17 @@ class SGLangPolicy:
     reduced_from: int | None  # first batch size of the one-step slot (snapped), if any
     initial_steps: int  # --speculative-num-steps: a candidate of the first slot
     zero_step: str  # why the file has a 0-step slot or not
+
+    @property
+    def static(self) -> str:
+        """Where the file's one slot changes nothing by batch size: the static launch, and why ("" otherwise)."""
+        if len(self.config) > 1:
+            return ""
+        return (
+            f"the file gives every batch size the same candidates, so it changes nothing with load; at unchanged "
+            f"steps {ADAPTIVE_AT_C1}: unless you want SGLang to drop to fewer steps when acceptance falls, launch "
+            f"static (--speculative-num-steps {self.initial_steps}, without --speculative-adaptive)"
+        )
 
 
 @dataclass(frozen=True)
