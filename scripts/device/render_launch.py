@@ -5,7 +5,8 @@ tests/ansible/test_gpu_launch_files.py fails when the role would render them dif
 
     .venv/bin/python scripts/device/render_launch.py [--out DIR]
 
-Files: base.txt (no speculation), spec.txt (EAGLE-3, 3 steps, topk 1, 4 draft tokens), fusion-on-one-gpu.txt
+Files: base.txt (no speculation), spec.txt (EAGLE-3, 3 steps, topk 1, 4 draft tokens), spec-7.txt (7 steps, 8
+draft tokens), fusion-on-one-gpu.txt
 (the base command with `sglang_server_allreduce_fusion: on`: a launch file that claims fusion on one GPU, which
 verify-launch must call degraded), no-graphs.txt (the base command with --disable-cuda-graph: the server base.txt's
 CUDA-graph claim is checked against), policy.txt and sglang-adaptive.txt (issue #24: EAGLE-3 with our policy file,
@@ -72,6 +73,13 @@ EXTRA_ARGS = [
 VARIANTS: dict[str, dict[str, object]] = {
     "base": {"sglang_server_speculative": False},
     "spec": {"sglang_server_speculative": True},
+    # issue #24's low-load question: EAGLE-3 at 7 steps (SGLang's adaptive defaults drafted 7 at C=1-5 and beat the
+    # 3-step server there), static, for the levels below the crossover
+    "spec-7": {
+        "sglang_server_speculative": True,
+        "sglang_server_speculative_num_steps": 7,
+        "sglang_server_speculative_num_draft_tokens": 8,
+    },
     "fusion-on-one-gpu": {"sglang_server_speculative": False, "sglang_server_allreduce_fusion": "on"},
     # a server without CUDA graphs (SGLang 0.5.16 still takes the deprecated --disable-cuda-graph), against which
     # base.txt, which asks for them, must not be ok

@@ -20,6 +20,7 @@
 #             accept length against the EAGLE-3 server; about 8), policy-ours (our policy's sweep, the steps it used;
 #             about 5), policy-anchor (SGLang's adaptive mode, the verdicts; about 5); the sweeps wait for the next
 #             call in /tmp/sm120kit-policy
+#   policy-deeper  the EAGLE-3 server at 7 static steps at C=1, 2, 5 (TestDeeper; about 2 minutes)
 #   pcie      what this machine's PCIe readers see (issue #25): /proc/cmdline, /sys/class/iommu, the IOMMU groups,
 #             lspci -vvv of every NVIDIA device and its bridges, the kernel log's DMAR/AMD-Vi lines, and the doctor's
 #             iommu and pcie_acs checks, into $OUT/pcie
@@ -100,6 +101,10 @@ phase_policy_ours() {
 
 phase_policy_anchor() {
   GPU_TESTS=tests/gpu/test_sglang_policy.py PYTEST_K=TestAnchor phase_gputests
+}
+
+phase_policy_deeper() {
+  GPU_TESTS=tests/gpu/test_sglang_policy.py PYTEST_K=TestDeeper phase_gputests
 }
 
 phase_pcie() {

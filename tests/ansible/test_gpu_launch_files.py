@@ -35,6 +35,7 @@ def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> N
         "policy-uncapped.txt",
         "policy.txt",
         "sglang-adaptive.txt",
+        "spec-7.txt",
         "spec.txt",
         "zero-step.txt",
     ]
@@ -46,6 +47,8 @@ def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> N
     base = (tmp_path / "base.txt").read_text()
     assert "--enforce-disable-flashinfer-allreduce-fusion" in base and "--enable-torch-symm-mem" not in base
     assert "--speculative-algorithm EAGLE3" in (tmp_path / "spec.txt").read_text()
+    deeper = shlex.split((tmp_path / "spec-7.txt").read_text())
+    assert spec_numbers(deeper) == (7, 1, 8) and "--speculative-adaptive" not in deeper
     bad = (tmp_path / "bad-draft.txt").read_text()
     assert "--model-path /tmp/sm120kit-models/bad-draft/target" in bad
     assert "--speculative-draft-model-path /tmp/sm120kit-models/bad-draft/draft" in bad
@@ -66,7 +69,7 @@ def test_the_gpu_tests_start_the_servers_with_the_roles_environment_file() -> No
     default = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     for name in ("zero-step", "policy", "policy-uncapped"):
         assert environment_file(launch / f"{name}.env") == default | skip, name
-    for name in ("base", "spec", "sglang-adaptive", "bad-draft", "no-graphs"):
+    for name in ("base", "spec", "spec-7", "sglang-adaptive", "bad-draft", "no-graphs"):
         assert environment_file(launch / f"{name}.env") == default, name
 
 

@@ -65,6 +65,7 @@ WINDOW_KEYS = (
     "server_window_tok_s_range",
     "window_lifetimes",
 )
+LOW_LEVELS = (1, 2, 5)  # below every crossover measured here (6.4-29.3)
 ENVELOPE = 0.05  # the issue's target: our policy within 5 % of max(base, EAGLE-3) at every level
 
 pytestmark = MARKS
@@ -82,13 +83,13 @@ def models() -> Path:
     return write_models()
 
 
-def sweep(server: Server, label: str) -> Path:
-    """The account's levels against one server, its gauges sampled throughout; the JSONL and the steps seen per
-    batch size in SWEEPS (and OUT)."""
+def sweep(server: Server, label: str, at: tuple[int, ...] = LEVELS) -> Path:
+    """The account's levels (or `at`) against one server, its gauges sampled throughout; the JSONL and the steps
+    seen per batch size in SWEEPS (and OUT)."""
     SWEEPS.mkdir(parents=True, exist_ok=True)
     out = SWEEPS / f"{label}.jsonl"
     out.unlink(missing_ok=True)
-    levels = ",".join(map(str, LEVELS))
+    levels = ",".join(map(str, at))
     with GaugeSampler(server) as gauges:
         run = sm120check(
             "bench", "--url", server.url, "--concurrency", levels, "--duration", str(LEVEL_S), "--input-len", "64",
@@ -245,6 +246,22 @@ class TestAnchor:
         ratio = statistics.median(tok["policy"][c] / tok["sglang-adaptive"][c] for c in LEVELS)
         save("policy-verdict.json", {"misses": misses, "median_policy_over_sglang_adaptive": ratio})
         assert not misses, misses
+
+
+class TestDeeper:
+    """Below the crossover: the EAGLE-3 server at 7 static steps (spec-7.txt), the steps SGLang's adaptive defaults
+    drafted at C=1-5 where they beat the 3-step server (docs/validation/2026-12-02-h200-policy-2), at those levels:
+    whether a deeper first slot would pay, the question `crossover`'s note sends users to measure."""
+
+    def test_sweep_the_7_step_server_below_the_crossover(self, patched: Patched, models: Path) -> None:
+        for server in start("policy-spec-7", LAUNCH / "spec-7.txt"):
+            sweep(server, "spec-7", at=LOW_LEVELS)
+        points = curve("spec-7")
+        assert set(points) == set(LOW_LEVELS)
+        rows = [json.loads(line) for line in (SWEEPS / "spec-7.jsonl").read_text().splitlines() if line.strip()]
+        accept = {int(r["concurrency"]): r.get("accept_length") for r in rows}
+        save("policy-spec-7-accept.json", accept)
+        assert all(a is not None and a > 4.0 for a in accept.values()), accept  # 7 steps drafted, not 3
 
 
 def plot(curves: dict[str, dict[int, dict[str, float | None]]], path: Path) -> None:
