@@ -16,6 +16,7 @@ from bench.conftest import run_subcommand
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 BASE, SPEC, POLICY = (FIXTURES / f"h200-sglang-0.5.16-{name}.jsonl" for name in ("base", "spec", "policy"))
 BASE2, SPEC2, ZERO2 = (FIXTURES / f"h200-sglang-0.5.16-run2-{name}.jsonl" for name in ("base", "spec", "zero-step"))
+SPEC7 = FIXTURES / "h200-sglang-0.5.16-run2-spec-7.jsonl"
 
 
 def test_the_real_sweeps_cross_at_6_4_and_say_the_speculative_servers_cap(
@@ -78,3 +79,13 @@ def test_run2_a_draft_accepted_nearly_in_full_at_c1_says_more_steps_are_likely_t
     low.write_text("".join(json.dumps({**r, "accept_length": 2.0}) + "\n" for r in rows))
     assert run_subcommand("crossover", str(BASE2), str(low), "--format", "json") == 0
     assert not [w for w in json.loads(capsys.readouterr().out)["warnings"] if "more draft steps" in w]
+
+
+def test_run2_the_7_step_server_the_note_sent_us_to_is_not_sent_further(capsys: pytest.CaptureFixture[str]) -> None:
+    """The 7-step sweep (C=1, 2, 5; docs/validation/2026-12-02-h200-deeper): 5.47 of 8 tokens at C=1 (68 %) is below
+    the note's 80 %, so no note; against the base sweep speculation wins at all three levels (no crossover)."""
+    assert run_subcommand("crossover", str(BASE2), str(SPEC7), "--format", "json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["spec_steps"] == 7 and report["crossover"]["value"] is None
+    assert not [w for w in report["warnings"] if "more draft steps" in w]
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 2, 5]
