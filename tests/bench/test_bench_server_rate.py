@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from bench.conftest import Sim, run_subcommand
-from sm120check.bench.server_rate import CounterTrace, judge
+from sm120check.bench.server_rate import CounterTrace, judge, outside
+
+SPEC7 = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "h200-sglang-0.5.16-run2-spec-7.jsonl"
 
 
 def trace(points: list[tuple[float, float]]) -> CounterTrace:
@@ -80,3 +82,16 @@ def test_a_sweep_records_the_servers_counter_over_its_window(plain_sim: Sim, tmp
     least, most = record["server_window_tok_s_range"]
     assert least <= server <= most
     assert not any("server's own" in w for w in record["warnings"])
+
+
+def test_the_real_servers_records_keep_the_bench_inside_the_counters_bracket() -> None:
+    """The first records with the bracket, from a real SGLang 0.5.16 server (the 7-step EAGLE-3 server on the H200,
+    C=1, 2, 5; docs/validation/2026-12-02-h200-deeper): the interpolated counter lies inside its bracket, the bracket
+    is a few percent wide (quarter-second samples over 8 s windows), and the bench is inside it at every level."""
+    rows = [json.loads(line) for line in SPEC7.read_text().splitlines() if line.strip()]
+    assert [r["concurrency"] for r in rows] == [1, 2, 5]
+    for r in rows:
+        least, most = r["server_window_tok_s_range"]
+        assert least <= r["server_window_tok_s"] <= most and (most - least) / r["server_window_tok_s"] < 0.1, r
+        assert outside(r["throughput_tok_s"], (least, most)) == 0.0
+    assert outside(rows[0]["throughput_tok_s"] * 0.8, tuple(rows[0]["server_window_tok_s_range"])) > 0

@@ -79,8 +79,8 @@ def sglang_slot_start(batch: int) -> int:
     return max([1] + [c + 1 for c in sglang_speculative_capture_sizes(batch) if c + 1 <= batch])
 
 
-# SGLang's 0-step tier measured on the H200 (docs/validation/2026-12-02-h200-policy): the policy server's 0-step
-# throughput over the plain server's at C=10, 30, 70, 100, 250
+# SGLang's 0-step tier measured on the H200 (docs/validation/2026-12-02-h200-policy, then -policy-2 uncapped and
+# without the draft extend): the 0-step server's throughput over the plain server's at C=10, 30, 70, 100, 250
 ZERO_STEP_MEASURED = (
     "0.53, 0.47, 0.40, 0.48, 0.39 x the plain server at C=10, 30, 70, 100, 250 (SGLang 0.5.16, H200); uncapped "
     "and with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1, 0.71, 0.53, 0.44, 0.43, 0.61 x"
