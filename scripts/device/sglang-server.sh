@@ -21,6 +21,9 @@
 #             about 5), policy-anchor (SGLang's adaptive mode, the verdicts; about 5); the sweeps wait for the next
 #             call in /tmp/sm120kit-policy
 #   policy-deeper  the EAGLE-3 server at 7 static steps at C=1, 2, 5 (TestDeeper; about 2 minutes)
+#   switch    the speculation switch (tests/gpu/test_sglang_switch.py: the plain server, then the EAGLE-3 server
+#             patched with --plain-decode; greedy outputs token for token across the switch, rates at C=1/30/100;
+#             about 7 minutes)
 #   pcie      what this machine's PCIe readers see (issue #25): /proc/cmdline, /sys/class/iommu, the IOMMU groups,
 #             lspci -vvv of every NVIDIA device and its bridges, the kernel log's DMAR/AMD-Vi lines, and the doctor's
 #             iommu and pcie_acs checks, into $OUT/pcie
@@ -105,6 +108,10 @@ phase_policy_anchor() {
 
 phase_policy_deeper() {
   GPU_TESTS=tests/gpu/test_sglang_policy.py PYTEST_K=TestDeeper phase_gputests
+}
+
+phase_switch() {
+  GPU_TESTS=tests/gpu/test_sglang_switch.py GPU_TIMEOUT=${GPU_TIMEOUT:-560} phase_gputests
 }
 
 phase_pcie() {

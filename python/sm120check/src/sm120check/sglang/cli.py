@@ -33,6 +33,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             metavar="VER",
             help="FlashInfer version to assume (default: the installed one); the fusion gate admits SM120 from 0.6.17",
         )
+        sub.add_argument(
+            "--plain-decode",
+            action="store_true",
+            help="the speculation switch (SGLang 0.5.16 and 0.5.23): a 0-step decode batch of an EAGLE server runs "
+            "the target's plain decode; scan: report it as needed, patch: apply it (off unless given)",
+        )
         sub.add_argument("--json", action="store_true", help="print JSON")
     scan_action.set_defaults(handler=run_scan)
     fix.add_argument("--check", action="store_true", help="change nothing; exit 1 when a patch (or revert) is needed")
@@ -55,7 +61,7 @@ def _scan(tree: SourceTree, args: argparse.Namespace) -> scan.ScanReport:
         fi, origin = args.flashinfer_version, "--flashinfer-version"
     else:
         fi, origin = flashinfer_version(tree.root if args.source else None)
-    return scan.run(tree, cc, fi, origin)
+    return scan.run(tree, cc, fi, origin, plain=args.plain_decode)
 
 
 def _not_installed(args: argparse.Namespace) -> int:
@@ -153,7 +159,7 @@ def _patch(tree: SourceTree, args: argparse.Namespace) -> int:
         patch.apply(tree, found, changes)
         changed = {ch.path for ch in changes}
         fresh = SourceTree(tree.root, {rel: mod for rel, mod in tree._cache.items() if rel not in changed})
-        after = scan.run(fresh, found.cc, found.flashinfer, found.flashinfer_origin)
+        after = scan.run(fresh, found.cc, found.flashinfer, found.flashinfer_origin, plain=args.plain_decode)
         result["remaining"] = [f.summary for f in after.findings if not f.ok and f.patchable]
     if not args.json:
         for note in recovery.notes(check=args.check):

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sm120check import __version__
-from sm120check.sglang import eagle, fusion_gates, preflight, state, symm_mem_gates
+from sm120check.sglang import eagle, fusion_gates, plain_decode, preflight, state, symm_mem_gates
 from sm120check.sglang.errors import SglangError
 from sm120check.sglang.scan import AUTO_ENABLE_ID, PREFLIGHT_ID, ScanReport
 from sm120check.sglang.state import Verdict
@@ -136,6 +136,12 @@ def plan(tree: SourceTree, report: ScanReport) -> list[FileChange]:
                 f"{target.cls}: EAGLE-3 delegation {', '.join(target.methods)} to self.{target.attr} "
                 f"({', '.join(target.inner)})",
             )
+    if plain_decode.PATCH_ID in failing:
+        edit(
+            plain_decode.PATH,
+            functools.partial(plain_decode.add_switch, version=report.version),
+            f"{plain_decode.WORKER}: the speculation switch (a 0-step decode batch runs the target's plain decode)",
+        )
     out = []
     for rel, text in texts.items():
         if rel not in notes:

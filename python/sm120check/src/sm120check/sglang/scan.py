@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sm120check.sglang import eagle, flashinfer_workspace, fusion_gates, preflight, symm_mem_gates
+from sm120check.sglang import eagle, flashinfer_workspace, fusion_gates, plain_decode, preflight, symm_mem_gates
 from sm120check.sglang.tree import FLASHINFER_MIN_FOR_SM120, ComputeCapability, SourceTree, parse_flashinfer_version
 
 
@@ -31,6 +31,8 @@ class ScanReport:
     preflight: preflight.PreflightScan | None = None
     # FlashInfer's workspace constants, read when the preflight patch would apply (None: it would not)
     workspace_constants: flashinfer_workspace.ConstantsCheck | None = None
+    # The speculation switch (opt in): whether this tree has it, or could take it
+    switch: plain_decode.SwitchScan | None = None
 
     @property
     def needs_patch(self) -> bool:
@@ -60,6 +62,7 @@ class ScanReport:
             "eagle3": eagle.to_dict(self.eagle),
             "workspace_preflight": asdict(self.preflight) if self.preflight else None,
             "flashinfer_workspace_constants": asdict(self.workspace_constants) if self.workspace_constants else None,
+            "plain_decode": asdict(self.switch) if self.switch else None,
             "findings": [asdict(f) for f in self.findings],
         }
 
@@ -145,7 +148,26 @@ def _names(keys: tuple[int, ...]) -> str:
     return ", ".join(map(str, keys))
 
 
-def run(tree: SourceTree, cc: ComputeCapability, flashinfer: str | None, flashinfer_origin: str) -> ScanReport:
+def _switch_finding(switch: plain_decode.SwitchScan, wanted: bool) -> Finding:
+    """The speculation switch: a finding to fix only where it was asked for (`--plain-decode`), else a note."""
+    fid, path = plain_decode.PATCH_ID, switch.path
+    if switch.applied:
+        return Finding(fid, True, False, "speculation switch present: a 0-step decode batch runs the plain decode", path)
+    if not wanted:
+        why = f" ({switch.reason})" if switch.reason else " (opt in: sm120check sglang patch --plain-decode)"
+        return Finding(fid, True, False, "speculation switch not applied" + why, path)
+    if switch.reason:
+        return Finding(fid, False, False, f"speculation switch asked for and cannot apply: {switch.reason}", path)
+    return Finding(fid, False, True, "speculation switch asked for (--plain-decode) and not applied yet", path)
+
+
+def run(
+    tree: SourceTree,
+    cc: ComputeCapability,
+    flashinfer: str | None,
+    flashinfer_origin: str,
+    plain: bool = False,
+) -> ScanReport:
     symm = symm_mem_gates.scan(tree)
     gates = fusion_gates.scan(tree)
     found = eagle.scan(tree)
@@ -198,6 +220,9 @@ def run(tree: SourceTree, cc: ComputeCapability, flashinfer: str | None, flashin
     # EAGLE-3: patchable gaps (eagle3:), inner models without the methods (eagle3-unsupported:), inner classes
     # chosen at run time (eagle3-runtime:) and delegations some inner classes cannot answer (eagle3-partial:).
     findings += [Finding(*f) for f in eagle.findings(found)]
+    worker = tree.read(plain_decode.PATH) if tree.exists(plain_decode.PATH) else None
+    switch = plain_decode.survey(worker, tree.version)
+    findings.append(_switch_finding(switch, plain))
     return ScanReport(
         str(tree.root),
         tree.version,
@@ -210,6 +235,7 @@ def run(tree: SourceTree, cc: ComputeCapability, flashinfer: str | None, flashin
         tuple(findings),
         preflight=workspace,
         workspace_constants=constants,
+        switch=switch,
     )
 
 
@@ -236,5 +262,8 @@ def render(report: ScanReport) -> str:
     if report.workspace_constants is not None:
         lines.append(f"  note {flashinfer_workspace.describe(report.workspace_constants)}")
     if report.needs_patch:
-        lines.append("fix: sm120check sglang patch" + (f" --source {report.source}" if report.source else ""))
+        plain = " --plain-decode" if any(f.id == plain_decode.PATCH_ID and not f.ok for f in report.findings) else ""
+        lines.append(
+            "fix: sm120check sglang patch" + plain + (f" --source {report.source}" if report.source else "")
+        )
     return "\n".join(lines)

@@ -1,0 +1,297 @@
+"""The speculation switch (`sglang patch --plain-decode`): a 0-step decode batch of SGLang's EAGLE worker (spec v2)
+runs the target's plain decode instead of SGLang's one-token verify.
+
+SGLang's own 0-step slot (`_build_trivial_verify_input`) still runs the target in TARGET_VERIFY mode through the
+verify graphs, the custom-mask attention path and the speculative accept kernel. The switch adds three methods to
+`EAGLEWorkerV2` in `srt/speculative/eagle_worker_v2.py` and two calls:
+- `init_cuda_graphs` ends by building a second target attention backend and capturing the target's decode CUDA graphs
+  (one token per request) with the model runner seen as non-speculative, as a plain server captures them;
+- `forward_batch_generation`, before the 0-step branch, runs a decode batch as a plain decode when its adaptive slot
+  says 0 steps, or, with `SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS=N` in the server's environment, when it has N or more
+  requests (a static server, no adaptive mode). ForwardMode.DECODE, those graphs, the model runner's sampler; the
+  result is SGLang's one-token spec-v2 result, so the scheduler commits it as it commits a 0-step verify. The draft
+  is skipped and its next input stubbed (as `SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND` does); the draft's first round
+  after the batch shrinks drafts from that stub and is rejected, the next rounds draft from the target's tokens.
+- Batches that ask for logprobs, a grammar or hidden states keep SGLang's 0-step path.
+- Rank 0 logs `sm120kit plain decode batches: {json}` every LOG_EVERY decode batches: cumulative counts of plain and
+  speculative decode batches per batch size (`verify-launch` and the GPU tests read them).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+
+from sm120check.sglang.errors import SglangError
+from sm120check.sglang.textedit import MARK, Source, replace, top_level_names
+
+PATCH_ID = "plain-decode"
+PATH = "srt/speculative/eagle_worker_v2.py"
+WORKER = "EAGLEWorkerV2"
+# The releases whose EAGLE worker the switch was written against, read from their wheels' sources.
+SUPPORTED = ("0.5.16", "0.5.23")
+ENV_MIN_BS = "SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS"
+LOG_PREFIX = "sm120kit plain decode batches: "
+READY_PREFIX = "sm120kit plain decode: ready"
+LOG_EVERY = 200
+_CALL_WANTED = "self._sm120kit_plain_decode_wanted(batch)"
+_INIT_CALL = "self._sm120kit_plain_decode_init()"
+# Module-level names the added methods use, bound by the worker module of both releases
+NEEDED_NAMES = ("GenerationBatchResult", "EagleDraftInput", "log_info_on_rank0", "logger", "torch")
+
+_METHODS = '''\
+def _sm120kit_plain_decode_init(self):
+    """Capture the target's plain decode CUDA graphs (one token a request) on an attention backend of their own."""
+    import os
+
+    from sglang.srt.model_executor.model_runner_components.cuda_graph_setup import capture_decode_graph
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    raw = os.environ.get("{env}", "").strip()
+    if raw and not (raw.isdigit() and int(raw) >= 1):
+        raise ValueError(f"{env}={{raw!r}}: expected a batch size of 1 or more (or unset)")
+    self._sm120kit_plain_min_bs = int(raw) if raw else None
+    self._sm120kit_counts = {{"plain": {{}}, "speculative": {{}}}}
+    self._sm120kit_decode_batches = 0
+    mr = self._target_worker.model_runner
+    saved = (mr.spec_algorithm, mr.attn_backend, mr.decode_cuda_graph_runner, mr.init_new_workspace)
+    mr.spec_algorithm = SpeculativeAlgorithm.from_string(None)
+    try:
+        mr.attn_backend = mr._get_attention_backend(init_new_workspace=True)
+        capture = capture_decode_graph(model_runner=mr)
+        self._sm120kit_plain = (mr.attn_backend, capture.runner)
+    finally:
+        mr.spec_algorithm, mr.attn_backend, mr.decode_cuda_graph_runner, mr.init_new_workspace = saved
+    log_info_on_rank0(
+        logger,
+        f"{ready} (decode CUDA graphs: {{capture.runner is not None}}, "
+        f"adaptive 0-step slots: {{self.adaptive_controller is not None}}, "
+        f"from batch size: {{self._sm120kit_plain_min_bs}})",
+    )
+
+def _sm120kit_plain_decode_wanted(self, batch):
+    """Whether this decode batch runs as a plain decode; counts every decode batch by size."""
+    if getattr(self, "_sm120kit_plain", None) is None or batch.forward_mode.is_idle():
+        return False
+    bs = batch.seq_lens.shape[0]
+    plain = (
+        batch.spec_info is not None
+        and not batch.spec_info.is_verify_input()
+        and not batch.return_logprob
+        and not batch.has_grammar
+        and not getattr(batch, "return_hidden_states", False)
+        and (
+            self.speculative_num_steps == 0
+            or (self._sm120kit_plain_min_bs is not None and bs >= self._sm120kit_plain_min_bs)
+        )
+    )
+    counts = self._sm120kit_counts["plain" if plain else "speculative"]
+    counts[bs] = counts.get(bs, 0) + 1
+    self._sm120kit_decode_batches += 1
+    if self._sm120kit_decode_batches % {every} == 0:
+        import json
+
+        log_info_on_rank0(
+            logger,
+            "{prefix}"
+            + json.dumps({{"decode_batches": self._sm120kit_decode_batches, **self._sm120kit_counts}}),
+        )
+    return plain
+
+def _sm120kit_plain_decode(self, batch, on_publish):
+    """One plain decode step of the target: ForwardMode.DECODE, its decode graphs, the sampler; the draft stubbed."""
+    from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    mr = self._target_worker.model_runner
+    attn_backend, graph_runner = self._sm120kit_plain
+    bs = batch.seq_lens.shape[0]
+    seq_lens = batch.seq_lens  # spec v2: the length before this step's token
+    draft_input = batch.spec_info
+    batch.input_ids = draft_input.bonus_tokens
+    batch.out_cache_loc = assign_extend_cache_locs_func(
+        req_pool_indices=batch.req_pool_indices,
+        req_to_token=self.req_to_token_pool.req_to_token,
+        start_offset=seq_lens,
+        end_offset=seq_lens + 1,
+        batch_size=bs,
+        draft_token_num=1,
+        device=self.device,
+    )
+    saved_batch = (
+        batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum, batch.orig_seq_lens,
+        batch.spec_info, batch.spec_algorithm, batch.forward_mode,
+    )
+    saved_mr = (mr.spec_algorithm, mr.attn_backend, mr.decode_cuda_graph_runner)
+    plain_algorithm = SpeculativeAlgorithm.from_string(None)
+    batch.seq_lens = seq_lens + 1  # a plain decode's lengths include the token it feeds
+    if batch.seq_lens_cpu is not None:
+        batch.seq_lens_cpu = batch.seq_lens_cpu + 1
+    if batch.seq_lens_sum is not None:
+        batch.seq_lens_sum = batch.seq_lens_sum + bs
+    if batch.orig_seq_lens is not None:
+        batch.orig_seq_lens = batch.orig_seq_lens + 1
+    batch.spec_info, batch.spec_algorithm, batch.forward_mode = None, plain_algorithm, ForwardMode.DECODE
+    mr.spec_algorithm, mr.attn_backend, mr.decode_cuda_graph_runner = plain_algorithm, attn_backend, graph_runner
+    try:
+        forward_batch = ForwardBatch.init_new(batch, mr)
+        output = mr.forward(forward_batch)
+        next_token_ids = mr.sample(output.logits_output, forward_batch).to(torch.int32)
+    finally:
+        mr.spec_algorithm, mr.attn_backend, mr.decode_cuda_graph_runner = saved_mr
+        (
+            batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum, batch.orig_seq_lens,
+            batch.spec_info, batch.spec_algorithm, batch.forward_mode,
+        ) = saved_batch
+    result = GenerationBatchResult(
+        logits_output=output.logits_output,
+        next_token_ids=next_token_ids,
+        can_run_cuda_graph=output.can_run_graph,
+        speculative_num_draft_tokens=1,
+        next_draft_input=EagleDraftInput(bonus_tokens=next_token_ids),
+        accept_lens=torch.ones(bs, dtype=torch.int32, device=self.device),
+        new_seq_lens=seq_lens + 1,
+        extra_keep_alive_refs=[forward_batch],
+    )
+    if on_publish is not None:
+        on_publish(result.new_seq_lens)
+    self._stub_skipped_draft_extend(batch, result)
+    return result
+'''.format(env=ENV_MIN_BS, ready=READY_PREFIX, every=LOG_EVERY, prefix=LOG_PREFIX)
+
+
+@dataclass(frozen=True)
+class SwitchScan:
+    """What the scan knows of the switch in one tree."""
+
+    path: str
+    supported: bool  # a release the switch was written against
+    applied: bool
+    reason: str  # why it cannot be applied (empty when it can)
+
+
+def _worker(module: ast.Module) -> ast.ClassDef | None:
+    return next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == WORKER), None)
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _calls_trivial(node: ast.stmt) -> bool:
+    return any(
+        isinstance(n, ast.Attribute) and n.attr == "_build_trivial_verify_input" and isinstance(n.value, ast.Name)
+        for n in ast.walk(node)
+    )
+
+
+def _zero_step_branch(fn: ast.FunctionDef) -> ast.If | None:
+    """The statement of the decode branch that holds SGLang's 0-step path (an `if`, or the `if` of its elif chain)."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.If) and node.orelse and _calls_trivial(node):
+            for stmt in node.orelse:  # the decode branch is the else of `if batch.forward_mode.is_extend() ...`
+                if isinstance(stmt, ast.If) and _calls_trivial(stmt):
+                    return stmt
+    return None
+
+
+def applied(text: str) -> bool:
+    return _CALL_WANTED in text and _INIT_CALL in text and "def _sm120kit_plain_decode(" in text
+
+
+def survey(text: str | None, version: str) -> SwitchScan:
+    if text is None:
+        return SwitchScan(PATH, False, False, f"{PATH} not found (no EAGLE spec-v2 worker in this release)")
+    if applied(text):
+        return SwitchScan(PATH, True, True, "")
+    if version not in SUPPORTED:
+        why = f"SGLang {version} is not a release the switch was written against ({', '.join(SUPPORTED)})"
+        return SwitchScan(PATH, False, False, why)
+    try:
+        _plan(text)
+    except SglangError as exc:
+        return SwitchScan(PATH, True, False, str(exc))
+    return SwitchScan(PATH, True, False, "")
+
+
+def _plan(text: str) -> list[tuple[int, str]]:
+    """(offset, text) insertions, or SglangError naming the anchor that is missing."""
+    module = ast.parse(text)
+    cls = _worker(module)
+    if cls is None:
+        raise SglangError(f"{PATH}: class {WORKER} not found; the switch does not apply to this tree")
+    forward = _method(cls, "forward_batch_generation")
+    init = _method(cls, "init_cuda_graphs")
+    stub = _method(cls, "_stub_skipped_draft_extend")
+    if forward is None or init is None or stub is None:
+        missing = [n for n, f in (("forward_batch_generation", forward), ("init_cuda_graphs", init)) if f is None]
+        missing += ["_stub_skipped_draft_extend"] if stub is None else []
+        raise SglangError(f"{PATH}: {WORKER} lacks {', '.join(missing)}; the switch does not apply to this tree")
+    branch = _zero_step_branch(forward)
+    if branch is None:
+        raise SglangError(f"{PATH}: {WORKER}.forward_batch_generation has no 0-step branch to switch")
+    missing = [n for n in NEEDED_NAMES if n not in top_level_names(module)]
+    if missing:
+        raise SglangError(f"{PATH}: the module does not bind {', '.join(missing)}; the switch does not apply to it")
+    src = Source(text)
+    nl = src.newline()
+    indent = src.indent_of(branch.lineno)
+    step = indent + " " * 4
+    guard = (
+        f"{indent}if {_CALL_WANTED}:  {MARK}: the target's plain decode at 0 draft steps{nl}"
+        f"{step}return self._sm120kit_plain_decode(batch, on_publish)  {MARK}{nl}"
+    )
+    last = init.body[-1]
+    init_indent = src.indent_of(last.lineno)
+    init_call = f"{init_indent}{_INIT_CALL}  {MARK}: capture the plain decode graphs{nl}"
+    method_indent = src.indent_of(cls.body[0].lineno)
+    lines = [f"{MARK}: the speculation switch (sm120check sglang patch --plain-decode)"] + _METHODS.splitlines()
+    block = nl + "".join(
+        f"{method_indent}{line}  {MARK}{nl}" if line.strip() else nl for line in lines
+    )
+    return [
+        (src.line_start(branch.lineno), guard),
+        (src.after_line(last.end_lineno or last.lineno), init_call),
+        (src.after_line(cls.end_lineno or cls.lineno), block),
+    ]
+
+
+def add_switch(text: str, version: str) -> str:
+    """The worker's source with the switch (unchanged when it is there already); SglangError when it cannot apply."""
+    if applied(text):
+        return text
+    if version not in SUPPORTED:
+        raise SglangError(
+            f"SGLang {version}: the plain-decode switch is written for {', '.join(SUPPORTED)} only; "
+            "patch without --plain-decode, or install one of those releases"
+        )
+    for offset, insert in sorted(_plan(text), reverse=True):
+        text = replace(text, offset, offset, insert)
+    return text
+
+
+def counts(lines: list[str]) -> dict[str, object] | None:
+    """The last `sm120kit plain decode batches:` record of a server log, strictly read (None: no such line)."""
+    for line in reversed(lines):
+        at = line.find(LOG_PREFIX)
+        if at < 0:
+            continue
+        try:
+            raw = json.loads(line[at + len(LOG_PREFIX) :].strip())
+        except ValueError:
+            continue
+        if not isinstance(raw, dict) or not isinstance(raw.get("decode_batches"), int):
+            continue
+        out: dict[str, object] = {"decode_batches": raw["decode_batches"]}
+        for kind in ("plain", "speculative"):
+            table = raw.get(kind)
+            if not isinstance(table, dict) or not all(
+                isinstance(k, str) and k.isdigit() and isinstance(v, int) and v >= 0 for k, v in table.items()
+            ):
+                break
+            out[kind] = {int(k): v for k, v in table.items()}
+        else:
+            return out
+    return None
