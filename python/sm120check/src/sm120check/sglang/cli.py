@@ -137,6 +137,9 @@ def _emit(args: argparse.Namespace, root: Path, result: dict[str, object], chang
 def _patch(tree: SourceTree, args: argparse.Namespace) -> int:
     recovery = patch.recover(tree, check=args.check)  # an interrupted, stale or unrecorded state comes first
     found = _scan(tree, args)
+    switch = found.switch
+    if args.plain_decode and switch is not None and not switch.applied and switch.reason:
+        raise SglangError(f"--plain-decode refused, nothing changed: {switch.reason}")
     changes = patch.plan(tree, found)
     needed = bool(changes) or recovery.pending
     result: dict[str, object] = {

@@ -1,0 +1,143 @@
+"""The speculation switch (`sm120check sglang patch --plain-decode`) on the real 0.5.16 and 0.5.23 wheels' sources:
+apply, idempotent, byte-identical revert, other releases refused, and every SGLang name the added methods use
+present in the release they are added to (the GPU run, tests/gpu/test_sglang_switch.py, covers 0.5.16 at run time;
+0.5.23 needs torch 2.11+ with its own pins, which the GPU image lacks)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lab.sglang_releases import release_dir, run_cli, tree_hashes
+from sm120check.sglang import plain_decode
+
+pytestmark = pytest.mark.slow
+SUPPORTED = plain_decode.SUPPORTED
+ARGS = ("--cc", "12.0", "--flashinfer-version", "0.7.2", "--json")
+
+
+def _copy(tmp_path: Path, version: str) -> Path:
+    tree = tmp_path / version / "sglang"
+    shutil.copytree(release_dir(version) / "sglang", tree)
+    return tree
+
+
+def _worker(tree: Path) -> str:
+    return (tree / plain_decode.PATH).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_switch_applies_once_and_reverts_byte_identical(tmp_path: Path, version: str) -> None:
+    tree = _copy(tmp_path, version)
+    before = tree_hashes(tree)
+    status, out = run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)
+    assert status == 0, out
+    changed = {f["path"]: f["changes"] for f in json.loads(out)["files"]}
+    assert any("speculation switch" in note for note in changed[plain_decode.PATH])
+    text = _worker(tree)
+    compile(text, plain_decode.PATH, "exec")
+    assert plain_decode.applied(text)
+    again = json.loads(run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)[1])
+    assert again["files"] == [] and not again["needed"]
+    scanned = json.loads(run_cli("scan", "--source", str(tree), "--plain-decode", *ARGS)[1])
+    assert scanned["plain_decode"]["applied"] is True
+    assert run_cli("patch", "--source", str(tree), "--revert", "--json")[0] == 0
+    assert tree_hashes(tree) == before
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_switch_guards_the_zero_step_branch_and_captures_at_init(version: str) -> None:
+    text = plain_decode.add_switch(_worker(release_dir(version) / "sglang"), version)
+    cls = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == plain_decode.WORKER)
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    forward = ast.get_source_segment(text, methods["forward_batch_generation"]) or ""
+    guard = forward.index("self._sm120kit_plain_decode_wanted(batch)")
+    assert guard < forward.index("self._build_trivial_verify_input(batch)")
+    assert forward.index("self.activate_step_by_batch(") < guard  # the adaptive slot is chosen before the guard
+    init = methods["init_cuda_graphs"].body[-1]
+    assert "_sm120kit_plain_decode_init" in (ast.get_source_segment(text, init) or "")
+    assert {"_sm120kit_plain_decode_init", "_sm120kit_plain_decode_wanted", "_sm120kit_plain_decode"} <= set(methods)
+
+
+@pytest.mark.parametrize("version", ["0.5.14"])
+def test_switch_refused_on_other_releases_with_nothing_changed(tmp_path: Path, version: str) -> None:
+    tree = _copy(tmp_path, version)
+    before = tree_hashes(tree)
+    status, out = run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)
+    assert status == 2
+    assert "--plain-decode refused" in json.loads(out)["error"] and version in json.loads(out)["error"]
+    assert tree_hashes(tree) == before
+    scanned = json.loads(run_cli("scan", "--source", str(tree), *ARGS)[1])
+    finding = next(f for f in scanned["findings"] if f["id"] == plain_decode.PATCH_ID)
+    assert finding["ok"] and "not applied" in finding["summary"]  # not asked for: a note, never a fix
+
+
+def test_switch_is_opt_in_a_plain_patch_leaves_the_worker_alone(tmp_path: Path) -> None:
+    tree = _copy(tmp_path, "0.5.23")
+    out = json.loads(run_cli("patch", "--source", str(tree), *ARGS)[1])
+    assert plain_decode.PATH not in {f["path"] for f in out["files"]}
+    assert not plain_decode.applied(_worker(tree))
+
+
+def _functions(text: str) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)}
+
+
+def _params(fn: ast.FunctionDef) -> set[str]:
+    return {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_every_sglang_name_the_switch_uses_exists_in_the_release(version: str) -> None:
+    root = release_dir(version) / "sglang"
+
+    def source(rel: str) -> str:
+        return (root / rel).read_text(encoding="utf-8")
+
+    cache_locs = _functions(source("kernels/ops/speculative/cache_locs.py"))["assign_extend_cache_locs_func"]
+    assert {"req_pool_indices", "req_to_token", "start_offset", "end_offset", "batch_size", "draft_token_num"} <= (
+        _params(cache_locs)
+    )
+    setup = _functions(source("srt/model_executor/model_runner_components/cuda_graph_setup.py"))
+    assert "model_runner" in _params(setup["capture_decode_graph"])
+    runner = source("srt/model_executor/model_runner.py")
+    runner_fns = _functions(runner)
+    assert {"sample", "forward", "_get_attention_backend"} <= set(runner_fns)
+    assert "init_new_workspace" in _params(runner_fns["_get_attention_backend"])
+    result = source("srt/managers/utils.py")
+    fields = "logits_output next_token_ids can_run_cuda_graph speculative_num_draft_tokens accept_lens new_seq_lens"
+    for name in fields.split():
+        assert f"    {name}:" in result, name
+    assert "extra_keep_alive_refs" in result and "next_draft_input" in result
+    batch = source("srt/managers/schedule_batch.py")
+    for name in ("orig_seq_lens", "seq_lens_cpu", "seq_lens_sum", "return_logprob", "spec_algorithm"):
+        assert f"    {name}:" in batch, name
+    assert "def from_string" in source("srt/speculative/spec_info.py")
+    assert "def init_new" in source("srt/model_executor/forward_batch_info.py")
+    worker = ast.parse(source(plain_decode.PATH))
+    from sm120check.sglang.textedit import top_level_names
+
+    assert set(plain_decode.NEEDED_NAMES) <= top_level_names(worker)
+
+
+def test_counts_read_the_last_record_of_a_log() -> None:
+    lines = [
+        "[2026-12-06 04:10:00] Decode batch, #running-req: 30, accept len: 1.00, cuda graph: True",
+        f'[2026-12-06 04:10:01] {plain_decode.LOG_PREFIX}{{"decode_batches": 200, "plain": {{"30": 150}}, '
+        '"speculative": {"1": 50}}',
+        f'[2026-12-06 04:10:05] {plain_decode.LOG_PREFIX}{{"decode_batches": 400, "plain": {{"30": 300, "64": 50}}, '
+        '"speculative": {"1": 50}}',
+        f"[2026-12-06 04:10:06] {plain_decode.LOG_PREFIX}not json",
+    ]
+    assert plain_decode.counts(lines) == {
+        "decode_batches": 400,
+        "plain": {30: 300, 64: 50},
+        "speculative": {1: 50},
+    }
+    assert plain_decode.counts(lines[:1]) is None
+    hostile = f'{plain_decode.LOG_PREFIX}{{"decode_batches": 1, "plain": {{"x": -1}}, "speculative": {{}}}}'
+    assert plain_decode.counts([hostile]) is None
