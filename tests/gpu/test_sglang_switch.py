@@ -69,9 +69,7 @@ def crossing(server: Server) -> dict[str, list[int]]:
         first = {f"a{i}": pool.submit(generate, server, prompt(i), LONG if i < 4 else SHORT) for i in range(40)}
         out.update({k: f.result(timeout=300) for k, f in first.items()})
         second = {f"b{i}": pool.submit(generate, server, prompt(100 + i), LONG) for i in range(4)}
-        second |= {
-            f"b{i}": pool.submit(generate, server, prompt(100 + i), SHORT * 4, 1.0) for i in range(4, 40)
-        }
+        second |= {f"b{i}": pool.submit(generate, server, prompt(100 + i), SHORT * 4, 1.0) for i in range(4, 40)}
         out.update({k: f.result(timeout=300) for k, f in second.items()})
     return out
 
@@ -80,7 +78,7 @@ def openai_outputs(server: Server) -> dict[str, str]:
     return {f"o{i}": completion(server, prompt(200 + i), 48) for i in range(4)}
 
 
-RESULTS: dict[str, Any] = {}
+RESULTS: dict[str, Any] = {}  # what one test hands the next (one server at a time on the GPU)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +107,7 @@ class TestSwitch:
         assert "base" in RESULTS, "the base server's outputs are missing (its test failed)"
         for server in start("switch", LAUNCH / "switch.txt"):
             ready = [line for line in server.lines() if plain_decode.READY_PREFIX in line]
-            got = {"crossing": crossing(server), "openai": openai_outputs(server)}
+            got: dict[str, Any] = {"crossing": crossing(server), "openai": openai_outputs(server)}
             counts_after_crossing = plain_decode.counts(server.lines())
             RESULTS["switch_levels"] = {c: _level(server, c, "switch") for c in LEVELS}
             RESULTS["counts"] = plain_decode.counts(server.lines())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import http.client
 import json
 import os
@@ -29,6 +30,7 @@ from urllib.parse import unquote, urlsplit
 
 from sm120check import argtypes, bounded
 from sm120check.exitcodes import Exit
+from sm120check.sglang import plain_decode
 from sm120check.sglang.launch_report import SCHEMA, exit_code, render, to_dict
 from sm120check.sglang.launch_request import LaunchRequest, parse_expect, request_from_argv, request_from_command
 from sm120check.sglang.launch_terms import Expectation, LaunchError, printable
@@ -326,6 +328,7 @@ def verify(args: argparse.Namespace) -> LaunchReport:
         info = parse_server_info(fetch_server_info(endpoint, args.timeout, args.retries, args.api_key))
     cap = int(args.max_log_mib * (1 << 20))
     scan = None
+    lines: list[str] = []
     if args.log is not None:
         lines, truncated = read_log_file(args.log, cap)
         scan = scan_log(lines, f"--log {args.log}", truncated)
@@ -339,7 +342,11 @@ def verify(args: argparse.Namespace) -> LaunchReport:
         version, origin = info.version, "server_info"
     else:
         version, origin = None, ""
-    return judge(request, info, scan, version, origin, endpoint.shown if endpoint else None)
+    report = judge(request, info, scan, version, origin, endpoint.shown if endpoint else None)
+    switch = plain_decode.evidence(lines)
+    if switch is None:
+        return report
+    return dataclasses.replace(report, switch=switch, notes=(*report.notes, switch.note))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -64,6 +64,7 @@ def to_dict(report: LaunchReport) -> dict[str, object]:
             "avg_spec_accept_length": report.info.accept_length if report.info else None,
             "graph_memory_gb": report.info.graph_memory_gb if report.info else None,
             "max_running_requests": report.info.max_running_requests if report.info else None,
+            "plain_decode": report.switch.to_dict() if report.switch else None,
         },
         "notes": list(report.notes),
     }

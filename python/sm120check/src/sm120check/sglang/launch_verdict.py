@@ -12,6 +12,7 @@ from sm120check import versions
 from sm120check.sglang.launch_patterns import NEVER_RAN, SILENT_WHEN_ON, TABLE_RELEASES
 from sm120check.sglang.launch_request import LaunchRequest
 from sm120check.sglang.launch_terms import RAISE_RUNNING_CAP, SPECULATIVE_RUNNING_DEFAULT, Expectation, Sign
+from sm120check.sglang.plain_decode import SwitchEvidence
 from sm120check.sglang.server_info import ServerInfo
 from sm120check.sglang.startup_log import LogScan
 
@@ -60,6 +61,7 @@ class LaunchReport:
     log_complete: bool  # the log holds every startup line of the judged run
     info: ServerInfo | None
     notes: tuple[str, ...] = ()
+    switch: SwitchEvidence | None = None  # the speculation switch's batches, where the log has them
 
     @property
     def degraded(self) -> tuple[ExpectationVerdict, ...]:

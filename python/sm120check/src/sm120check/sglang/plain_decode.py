@@ -40,7 +40,7 @@ _INIT_CALL = "self._sm120kit_plain_decode_init()"
 # Module-level names the added methods use, bound by the worker module of both releases
 NEEDED_NAMES = ("GenerationBatchResult", "EagleDraftInput", "log_info_on_rank0", "logger", "torch")
 
-_METHODS = '''\
+_METHODS = f'''\
 def _sm120kit_plain_decode_init(self):
     """Capture the target's plain decode CUDA graphs (one token a request) on an attention backend of their own."""
     import os
@@ -48,9 +48,9 @@ def _sm120kit_plain_decode_init(self):
     from sglang.srt.model_executor.model_runner_components.cuda_graph_setup import capture_decode_graph
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    raw = os.environ.get("{env}", "").strip()
+    raw = os.environ.get("{ENV_MIN_BS}", "").strip()
     if raw and not (raw.isdigit() and int(raw) >= 1):
-        raise ValueError(f"{env}={{raw!r}}: expected a batch size of 1 or more (or unset)")
+        raise ValueError(f"{ENV_MIN_BS}={{raw!r}}: expected a batch size of 1 or more (or unset)")
     self._sm120kit_plain_min_bs = int(raw) if raw else None
     self._sm120kit_counts = {{"plain": {{}}, "speculative": {{}}}}
     self._sm120kit_decode_batches = 0
@@ -65,7 +65,7 @@ def _sm120kit_plain_decode_init(self):
         mr.spec_algorithm, mr.attn_backend, mr.decode_cuda_graph_runner, mr.init_new_workspace = saved
     log_info_on_rank0(
         logger,
-        f"{ready} (decode CUDA graphs: {{capture.runner is not None}}, "
+        f"{READY_PREFIX} (decode CUDA graphs: {{capture.runner is not None}}, "
         f"adaptive 0-step slots: {{self.adaptive_controller is not None}}, "
         f"from batch size: {{self._sm120kit_plain_min_bs}})",
     )
@@ -89,12 +89,12 @@ def _sm120kit_plain_decode_wanted(self, batch):
     counts = self._sm120kit_counts["plain" if plain else "speculative"]
     counts[bs] = counts.get(bs, 0) + 1
     self._sm120kit_decode_batches += 1
-    if self._sm120kit_decode_batches % {every} == 0:
+    if self._sm120kit_decode_batches % {LOG_EVERY} == 0:
         import json
 
         log_info_on_rank0(
             logger,
-            "{prefix}"
+            "{LOG_PREFIX}"
             + json.dumps({{"decode_batches": self._sm120kit_decode_batches, **self._sm120kit_counts}}),
         )
     return plain
@@ -159,7 +159,7 @@ def _sm120kit_plain_decode(self, batch, on_publish):
         on_publish(result.new_seq_lens)
     self._stub_skipped_draft_extend(batch, result)
     return result
-'''.format(env=ENV_MIN_BS, ready=READY_PREFIX, every=LOG_EVERY, prefix=LOG_PREFIX)
+'''
 
 
 @dataclass(frozen=True)
@@ -247,10 +247,8 @@ def _plan(text: str) -> list[tuple[int, str]]:
     init_indent = src.indent_of(last.lineno)
     init_call = f"{init_indent}{_INIT_CALL}  {MARK}: capture the plain decode graphs{nl}"
     method_indent = src.indent_of(cls.body[0].lineno)
-    lines = [f"{MARK}: the speculation switch (sm120check sglang patch --plain-decode)"] + _METHODS.splitlines()
-    block = nl + "".join(
-        f"{method_indent}{line}  {MARK}{nl}" if line.strip() else nl for line in lines
-    )
+    lines = [f"{MARK}: the speculation switch (sm120check sglang patch --plain-decode)", *_METHODS.splitlines()]
+    block = nl + "".join(f"{method_indent}{line}  {MARK}{nl}" if line.strip() else nl for line in lines)
     return [
         (src.line_start(branch.lineno), guard),
         (src.after_line(last.end_lineno or last.lineno), init_call),
@@ -295,3 +293,45 @@ def counts(lines: list[str]) -> dict[str, object] | None:
         else:
             return out
     return None
+
+
+@dataclass(frozen=True)
+class SwitchEvidence:
+    """What a server log says of the switch: whether it was ready, and the decode batches by kind and size."""
+
+    ready: bool
+    decode_batches: int
+    plain: dict[int, int]
+    speculative: dict[int, int]
+
+    @property
+    def note(self) -> str:
+        if not self.ready:
+            return "speculation switch: not in this server (no `sm120kit plain decode: ready` line)"
+        if not self.decode_batches:
+            return f"speculation switch: ready; fewer than {LOG_EVERY} decode batches logged so far"
+        share = sum(self.plain.values()) / self.decode_batches
+        where = f" at batch sizes {min(self.plain)}-{max(self.plain)}" if self.plain else ""
+        spec = f"; speculative at {min(self.speculative)}-{max(self.speculative)}" if self.speculative else ""
+        return f"speculation switch: {share:.0%} of {self.decode_batches} decode batches ran plain{where}{spec}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ready": self.ready,
+            "decode_batches": self.decode_batches,
+            "plain": {str(k): v for k, v in sorted(self.plain.items())},
+            "speculative": {str(k): v for k, v in sorted(self.speculative.items())},
+        }
+
+
+def evidence(lines: list[str]) -> SwitchEvidence | None:
+    """The switch's evidence in a server log (None: the log never mentions it)."""
+    ready = any(READY_PREFIX in line for line in lines)
+    found = counts(lines)
+    if not ready and found is None:
+        return None
+    if found is None:
+        return SwitchEvidence(ready, 0, {}, {})
+    plain, spec = found["plain"], found["speculative"]
+    assert isinstance(plain, dict) and isinstance(spec, dict) and isinstance(found["decode_batches"], int)
+    return SwitchEvidence(ready, found["decode_batches"], dict(plain), dict(spec))

@@ -152,7 +152,9 @@ def _switch_finding(switch: plain_decode.SwitchScan, wanted: bool) -> Finding:
     """The speculation switch: a finding to fix only where it was asked for (`--plain-decode`), else a note."""
     fid, path = plain_decode.PATCH_ID, switch.path
     if switch.applied:
-        return Finding(fid, True, False, "speculation switch present: a 0-step decode batch runs the plain decode", path)
+        return Finding(
+            fid, True, False, "speculation switch present: a 0-step decode batch runs the plain decode", path
+        )
     if not wanted:
         why = f" ({switch.reason})" if switch.reason else " (opt in: sm120check sglang patch --plain-decode)"
         return Finding(fid, True, False, "speculation switch not applied" + why, path)
@@ -263,7 +265,5 @@ def render(report: ScanReport) -> str:
         lines.append(f"  note {flashinfer_workspace.describe(report.workspace_constants)}")
     if report.needs_patch:
         plain = " --plain-decode" if any(f.id == plain_decode.PATCH_ID and not f.ok for f in report.findings) else ""
-        lines.append(
-            "fix: sm120check sglang patch" + plain + (f" --source {report.source}" if report.source else "")
-        )
+        lines.append("fix: sm120check sglang patch" + plain + (f" --source {report.source}" if report.source else ""))
     return "\n".join(lines)
