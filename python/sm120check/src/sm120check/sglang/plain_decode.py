@@ -136,7 +136,7 @@ def _sm120kit_plain_decode(self, batch, on_publish):
     batch.spec_info, batch.spec_algorithm, batch.forward_mode = None, plain_algorithm, ForwardMode.DECODE
     mr.spec_algorithm, mr.attn_backend, mr.decode_cuda_graph_runner = plain_algorithm, attn_backend, graph_runner
     try:
-        forward_batch = ForwardBatch.init_new(batch, mr)
+        forward_batch = ForwardBatch.init_new(batch, mr, return_hidden_states_before_norm=False)
         output = mr.forward(forward_batch)
         next_token_ids = mr.sample(output.logits_output, forward_batch).to(torch.int32)
     finally:
