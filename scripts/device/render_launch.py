@@ -96,6 +96,29 @@ VARIANTS: dict[str, dict[str, object]] = {
         "sglang_server_speculative_adaptive_config": ZERO_STEP,
         "sglang_server_max_running_requests": 256,
     },
+    # issue #33: the static EAGLE-3 servers uncapped (the envelope's 3- and 7-step curves), and the same servers with
+    # the speculation switch's threshold (sglang_server_plain_decode_min_bs; the SGLang tree patched with
+    # --plain-decode): batches of 30 or more requests run the target's plain decode. The envelope test rewrites the
+    # threshold in a copy of the .env to the crossover its sweeps measured.
+    "spec-uncapped": {"sglang_server_speculative": True, "sglang_server_max_running_requests": 256},
+    "spec-7-uncapped": {
+        "sglang_server_speculative": True,
+        "sglang_server_speculative_num_steps": 7,
+        "sglang_server_speculative_num_draft_tokens": 8,
+        "sglang_server_max_running_requests": 256,
+    },
+    "switch": {
+        "sglang_server_speculative": True,
+        "sglang_server_max_running_requests": 256,
+        "sglang_server_plain_decode_min_bs": 30,
+    },
+    "switch-7": {
+        "sglang_server_speculative": True,
+        "sglang_server_speculative_num_steps": 7,
+        "sglang_server_speculative_num_draft_tokens": 8,
+        "sglang_server_max_running_requests": 256,
+        "sglang_server_plain_decode_min_bs": 30,
+    },
     "no-graphs": {
         "sglang_server_speculative": False,
         "sglang_server_extra_args": [*EXTRA_ARGS, "--disable-cuda-graph"],

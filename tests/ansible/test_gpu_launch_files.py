@@ -38,6 +38,10 @@ def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> N
         "spec-7.txt",
         "spec.txt",
         "zero-step.txt",
+        "spec-uncapped.txt",
+        "spec-7-uncapped.txt",
+        "switch.txt",
+        "switch-7.txt",
     ]
     envs = [name.replace(".txt", ".env") for name in names]
     assert sorted(p.name for p in written) == sorted([*names, *envs, "wait.json"])
@@ -56,6 +60,11 @@ def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> N
     zero = (tmp_path / "zero-step.txt").read_text()
     assert "--speculative-adaptive-config /tmp/sm120kit-policy/sglang-zero-step.json" in zero
     assert "--speculative-num-steps 3 " in zero and "--max-running-requests 256" in zero
+    # the speculation switch: a static launch (no adaptive mode) and its threshold in the unit's environment only
+    switch = shlex.split((tmp_path / "switch.txt").read_text())
+    assert "--speculative-adaptive" not in switch and "--max-running-requests" in switch
+    assert 'SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="30"' in (tmp_path / "switch.env").read_text().splitlines()
+    assert "SGLANG_SM120KIT" not in (tmp_path / "spec-uncapped.env").read_text()
 
 
 def test_the_gpu_tests_start_the_servers_with_the_roles_environment_file() -> None:

@@ -1,0 +1,184 @@
+"""Issue #33 on a real SGLang 0.5.16 server, in two calls on one warm machine: the five curves at the account's levels.
+
+`scripts/device/sglang-server.sh venv envelope-curves` patches SGLang with `--plain-decode` and sweeps the plain
+server (base.txt), EAGLE-3 at 3 steps (spec-uncapped.txt) and at 7 steps (spec-7-uncapped.txt), all uncapped; the
+switch is in the tree but stays off in them (no threshold, no 0-step slot: their logs show no plain batch).
+`envelope-policy` builds the tiers from those three sweeps (sm120check.bench.tiers, the switch known from the patch
+state), starts the static launch that realises them (switch-7.txt or switch.txt, whose threshold the role renders;
+this test writes the measured one into a copy of its .env), sweeps it, then SGLang's own adaptive mode with its
+defaults (sglang-adaptive.txt, the anchor), and writes the record: table.json, the five curves' PNG where matplotlib
+is (the lent image has none: `python3 tests/gpu/test_sglang_envelope.py table.json curves.png` draws it here), the
+batches the policy server ran plain and speculative per batch size, and the steady decode rate at batch 30 and 100
+beside the plain server's. Sweeps wait for the next call in /tmp/sm120kit-envelope.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.sglang_gpu import LAUNCH, MARKS, OUT, Patched, Server, patch_tree, save, sm120check, start, write_models
+from sm120check.bench import tiers
+from sm120check.sglang import decode_log, plain_decode
+
+pytestmark = MARKS
+LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)
+LEVEL_S = 8
+LIFETIMES = 10
+SWEEPS = Path("/tmp/sm120kit-envelope")
+CURVES = {"base": ("base.txt", 0), "spec-3": ("spec-uncapped.txt", 3), "spec-7": ("spec-7-uncapped.txt", 7)}
+ENVELOPE = 0.05
+
+
+@pytest.fixture(scope="module")
+def patched() -> Iterator[Patched]:
+    run = sm120check("sglang", "patch", "--cc", "9.0", "--plain-decode", "--json")
+    save("patch-plain-decode.json", run.stdout or run.stderr)
+    assert run.returncode == 0, run.stderr[-2000:]
+    yield patch_tree()
+    sm120check("sglang", "patch", "--revert")
+
+
+def sweep(server: Server, label: str) -> None:
+    SWEEPS.mkdir(parents=True, exist_ok=True)
+    out = SWEEPS / f"{label}.jsonl"
+    out.unlink(missing_ok=True)
+    run = sm120check(
+        "bench", "--url", server.url, "--concurrency", ",".join(map(str, LEVELS)), "--duration", str(LEVEL_S),
+        "--input-len", "64", "--output-len", "128", "--min-lifetimes", str(LIFETIMES), "--label", label,
+        "--out", str(out), "--level-timeout", "120", "--quiet",
+        timeout=900,
+    )  # fmt: skip
+    save(f"bench-{label}.txt", run.stdout + run.stderr)
+    assert run.returncode == 0, run.stderr[-2000:]
+    views = decode_log.server_view(decode_log.parse(server.lines()))
+    steady = {str(b): v.gen_tok_s for b, v in views.items()}
+    (SWEEPS / f"{label}-steady.json").write_text(json.dumps(steady), encoding="utf-8")
+    switch = plain_decode.evidence(server.lines())
+    (SWEEPS / f"{label}-switch.json").write_text(json.dumps(switch.to_dict() if switch else None), encoding="utf-8")
+    (OUT / f"sweep-{label}.jsonl").write_text(out.read_text(), encoding="utf-8")
+
+
+def curve(label: str) -> dict[int, float]:
+    path = SWEEPS / f"{label}.jsonl"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run the envelope-curves phase first on this warm machine")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {int(r["concurrency"]): float(r["throughput_tok_s"]) for r in rows}
+
+
+def switch_of(label: str) -> dict[str, Any] | None:
+    raw: dict[str, Any] | None = json.loads((SWEEPS / f"{label}-switch.json").read_text())
+    return raw
+
+
+class TestEnvelopeCurves:
+    @pytest.mark.parametrize("name", list(CURVES))
+    def test_sweep(self, patched: Patched, name: str) -> None:
+        write_models("spec.txt")
+        for server in start(f"envelope-{name}", LAUNCH / CURVES[name][0]):
+            sweep(server, name)
+        assert set(curve(name)) == set(LEVELS)
+        found = switch_of(name)
+        assert found is None or not found["plain"], found  # the switch stays off without a threshold or 0 slot
+
+
+class TestEnvelopePolicy:
+    def test_sweep_the_policy_server(self, patched: Patched) -> None:
+        write_models("spec.txt")
+        sweeps = [tiers.Sweep(name, steps, curve(name)) for name, (_, steps) in CURVES.items()]
+        scan = sm120check("sglang", "scan", "--cc", "9.0", "--plain-decode", "--json")
+        switch = bool(json.loads(scan.stdout)["plain_decode"]["applied"])  # the patch state, never a guess
+        plan = tiers.plan(sweeps, switch=switch)
+        launch = tiers.static_launch(plan)
+        config = tiers.sglang_config(plan)
+        name = "switch-7" if launch.steps == 7 else "switch"
+        env = (LAUNCH / f"{name}.env").read_text(encoding="utf-8")
+        threshold = f'SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="{launch.plain_from}"'
+        env = env.replace('SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="30"', threshold if launch.plain_from else "")
+        SWEEPS.mkdir(parents=True, exist_ok=True)
+        (SWEEPS / "policy.txt").write_text((LAUNCH / f"{name}.txt").read_text(), encoding="utf-8")
+        (SWEEPS / "policy.env").write_text(env, encoding="utf-8")
+        save(
+            "policy-plan.json",
+            {
+                "levels": [{"level": lv.level, "steps": lv.steps, "measured": lv.measured} for lv in plan.levels],
+                "tiers": [{"start": t.start, "steps": t.steps} for t in plan.tiers],
+                "sglang_config": config,
+                "static": {"steps": launch.steps, "plain_from": launch.plain_from, "lost": launch.lost},
+                "launch": name,
+                "env": env,
+                "notes": plan.notes,
+            },
+        )
+        for server in start("envelope-policy", SWEEPS / "policy.txt"):
+            sweep(server, "policy")
+        assert set(curve("policy")) == set(LEVELS)
+
+    def test_sweep_sglangs_adaptive_mode(self, patched: Patched) -> None:
+        for server in start("envelope-sglang-adaptive", LAUNCH / "sglang-adaptive.txt"):
+            sweep(server, "sglang-adaptive")
+        assert set(curve("sglang-adaptive")) == set(LEVELS)
+
+    def test_the_policy_is_on_the_envelope_and_beats_sglangs_adaptive(self) -> None:
+        names = ["base", "spec-3", "spec-7", "sglang-adaptive", "policy"]
+        curves = {n: curve(n) for n in names}
+        table = {"levels": list(LEVELS), "curves": {n: [round(curves[n][c], 1) for c in LEVELS] for n in names}}
+        steady = {n: json.loads((SWEEPS / f"{n}-steady.json").read_text()) for n in ("base", "policy")}
+        step = {
+            str(b): {
+                "plain_server_tok_s": steady["base"].get(str(b)),
+                "policy_server_tok_s": steady["policy"].get(str(b)),
+            }
+            for b in (30, 100)
+        }
+        misses = []
+        for i, c in enumerate(LEVELS):
+            envelope = max(curves[n][c] for n in ("base", "spec-3", "spec-7"))
+            if curves["policy"][c] < (1 - ENVELOPE) * envelope:
+                misses.append(f"C={c}: policy {curves['policy'][c]:.0f} < 95 % of the envelope {envelope:.0f}")
+            if curves["policy"][c] < curves["sglang-adaptive"][c]:
+                anchor = curves["sglang-adaptive"][c]
+                misses.append(f"C={c}: policy {curves['policy'][c]:.0f} < SGLang adaptive {anchor:.0f}")
+            assert table["curves"]["policy"][i] == round(curves["policy"][c], 1)
+        record = {**table, "step_at_batch": step, "policy_batches": switch_of("policy"), "misses": misses}
+        save("table.json", table)
+        save("envelope-verdict.json", record)
+        if importlib.util.find_spec("matplotlib") is not None:
+            plot(table, OUT / "curves.png")
+        assert not misses, misses
+
+
+def plot(table: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = table["levels"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True, height_ratios=[3, 2])
+    for name, ys in table["curves"].items():
+        top.plot(levels, ys, marker="o", label=name)
+    base = table["curves"]["base"]
+    for name, ys in table["curves"].items():
+        if name != "base":
+            bottom.plot(levels, [y / b for y, b in zip(ys, base, strict=True)], marker="o", label=name)
+    bottom.axhline(1.0, color="grey", linewidth=1)
+    top.set_xscale("log")
+    top.set_xticks(levels, [str(c) for c in levels])
+    top.set_ylabel("output tok/s")
+    bottom.set_ylabel("x the plain server")
+    bottom.set_xlabel("concurrency")
+    top.legend()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+if __name__ == "__main__":  # python3 tests/gpu/test_sglang_envelope.py table.json curves.png (where matplotlib is)
+    plot(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))
