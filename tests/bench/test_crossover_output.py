@@ -5,15 +5,16 @@ engine notes behind --verbose, swapped files refused, and the plot beside the po
 from __future__ import annotations
 
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from matplotlib.patches import Rectangle
 
-from bench.conftest import run_subcommand
-from sm120check.bench.crossover import analyze
+from bench.conftest import SIM_ARGS, Sim, run_subcommand
+from sm120check.bench.crossover import analyze, analyze_mode
 from sm120check.bench.crossover_report import sweep_facts
-from sm120check.bench.plot import build_figure
+from sm120check.bench.plot import build_figure, build_mode_figure
 from sm120check.bench.records import read_jsonl
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
@@ -131,3 +132,27 @@ def test_the_plot_has_a_speedup_panel_ticks_at_the_levels_short_labels_and_the_c
     assert not any("/" in label or ".jsonl" in label for label in labels)
     (cap,) = [p for p in bottom.patches if str(p.get_label()).startswith("above the EAGLE-3 server's cap")]
     assert isinstance(cap, Rectangle) and cap.get_x() == 48  # from the speculative server's cap on
+
+
+def test_an_open_loop_pair_gets_its_plot_with_ticks_at_the_rates(
+    sim_factory: Callable[..., Sim], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweeps = {}
+    for mode in ("plain", "spec"):
+        sim = sim_factory(mode, *SIM_ARGS)
+        sweeps[mode] = tmp_path / f"{mode}.jsonl"
+        argv = ["--url", sim.url, "--request-rate", "5,20", "--requests-per-level", "8", "--output-len", "8"]
+        argv += ["--input-len", "8", "--pause", "0", "--quiet", "--label", "base" if mode == "plain" else "spec"]
+        assert run_subcommand("bench", *argv, "--out", str(sweeps[mode])) == 0
+    png = tmp_path / "open.png"
+    assert run_subcommand("crossover", str(sweeps["plain"]), str(sweeps["spec"]), "--x", "rate", "--png", str(png)) == 0
+    assert png.stat().st_size > 0 and f"plot written to {png}" in capsys.readouterr().err
+    base, spec = read_jsonl(sweeps["plain"]), read_jsonl(sweeps["spec"])
+    fig = build_mode_figure(analyze_mode(base, spec, ("plain", "spec"), "rate", "throughput"), sweep_facts(base, spec))
+    fig.canvas.draw()
+    top, bottom = fig.axes
+    assert [t.get_text() for t in bottom.get_xticklabels()] == ["5", "20"]
+    assert bottom.get_xlabel() == "Offered request rate (requests/s)"
+    assert any(list(line.get_ydata(orig=True)) == [1.0, 1.0] for line in bottom.get_lines())  # type: ignore[arg-type]
+    legend = top.get_legend()
+    assert legend is not None and [t.get_text() for t in legend.get_texts()] == ["plain", "EAGLE-3"]

@@ -22,7 +22,16 @@ import tempfile
 from pathlib import Path
 
 from sm120check import argtypes
-from sm120check.bench.crossover import METRICS, X_AXES, Analysis, ZeroStep, analyze, analyze_mode, zero_step
+from sm120check.bench.crossover import (
+    METRICS,
+    X_AXES,
+    Analysis,
+    ModeAnalysis,
+    ZeroStep,
+    analyze,
+    analyze_mode,
+    zero_step,
+)
 from sm120check.bench.crossover_report import SweepFacts, render_json, render_text, role_problem, sweep_facts
 from sm120check.bench.plot import PlotUnavailable, write_png
 from sm120check.bench.policy import (
@@ -158,15 +167,19 @@ def handle(args: argparse.Namespace) -> int:
         return Exit.USAGE
     x_axis, metric = getattr(args, "x", "concurrency"), getattr(args, "metric", "throughput")
     if (x_axis, metric) != ("concurrency", "throughput"):
-        if args.png or args.write_policies or getattr(args, "zero_step", None):
+        if args.write_policies or getattr(args, "zero_step", None):
             print(
-                "sm120check crossover: --png, --write-policies and --zero-step come from the throughput crossover on "
+                "sm120check crossover: --write-policies and --zero-step come from the throughput crossover on "
                 "concurrency (the policies act on batch size); drop them or --x/--metric",
                 file=sys.stderr,
             )
             return Exit.USAGE
         try:
-            mode = analyze_mode(read_jsonl(args.base), read_jsonl(args.spec), names, x_axis, metric)
+            base, spec = read_jsonl(args.base), read_jsonl(args.spec)
+            if problem := role_problem(base, spec, names):
+                print(f"sm120check crossover: {terminal_text(problem)}", file=sys.stderr)
+                return Exit.USAGE
+            mode = analyze_mode(base, spec, names, x_axis, metric)
         except RecordError as exc:
             print(f"sm120check crossover: {terminal_text(exc)}", file=sys.stderr)
             return Exit.USAGE
@@ -176,7 +189,7 @@ def handle(args: argparse.Namespace) -> int:
         ):
             print(f"sm120check crossover: {problem}", file=sys.stderr)
             return Exit.USAGE
-        return Exit.OK
+        return _write_png(mode, args.png, sweep_facts(base, spec)) if args.png else Exit.OK
     zero: ZeroStep | None = None
     try:
         spec, base = read_jsonl(args.spec), read_jsonl(args.base)
@@ -247,7 +260,7 @@ def _write_policies(directory: Path, policies: Policies | None, reason: str, cro
     return Exit.OK
 
 
-def _write_png(analysis: Analysis, png: Path, facts: SweepFacts) -> Exit:
+def _write_png(analysis: Analysis | ModeAnalysis, png: Path, facts: SweepFacts) -> Exit:
     try:
         write_png(analysis, png, facts)
     except PlotUnavailable as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sm120check.bench.crossover import Analysis, model_throughput
+from sm120check.bench.crossover import Analysis, ModeAnalysis, model_throughput
 from sm120check.bench.crossover_report import SweepFacts
 
 if TYPE_CHECKING:
@@ -74,9 +74,49 @@ def build_figure(analysis: Analysis, facts: SweepFacts) -> Figure:
     return figure
 
 
-def write_png(analysis: Analysis, path: Path, facts: SweepFacts) -> None:
+_X_LABELS = {"concurrency": "Concurrency (requests in flight)", "rate": "Offered request rate (requests/s)"}
+_Y_LABELS = {
+    "throughput": "Total output throughput (tok/s)",
+    "goodput": "Goodput (requests/s meeting --slo)",
+    "token-goodput": "Token goodput (tok/s of requests meeting --slo)",
+}
+
+
+def build_mode_figure(mode: ModeAnalysis, facts: SweepFacts) -> Figure:
+    """The same two panels for another axis or metric (`crossover --x rate`, `--metric goodput`): the metric of both
+    servers, then their ratio with its line at 1.0; ticks at the measured levels."""
     plt = _pyplot()
-    fig = build_figure(analysis, facts)
+    xs = [lv.x for lv in mode.levels]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
+    for side, label, marker in (("base", "plain", "o"), ("spec", "EAGLE-3", "s")):
+        spreads = [getattr(lv, side) for lv in mode.levels]
+        top.errorbar(xs, [s.mean for s in spreads], yerr=[s.std for s in spreads], marker=marker, capsize=3,
+                     label=label)  # fmt: skip
+    bottom.errorbar(xs, [lv.ratio for lv in mode.levels], yerr=[lv.ratio_std for lv in mode.levels], marker="s",
+                    color="C1", capsize=3, label="ratio")  # fmt: skip
+    bottom.axhline(1.0, color="k", linewidth=1, label="break-even (1.0)")
+    top.set_ylabel(_Y_LABELS.get(mode.metric, mode.metric))
+    bottom.set_ylabel("EAGLE-3 / plain")
+    for ax in (top, bottom):
+        ax.set_xscale("log")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{x:g}" for x in xs])
+        ax.minorticks_off()
+        ax.grid(True, alpha=0.3)
+        if mode.crossover.value is not None:
+            ax.axvline(mode.crossover.value, color="k", linestyle=":", label=f"crossover {mode.crossover.value:.3g}")
+    top.set_title(facts.title() or "Speculation crossover")
+    top.legend(fontsize="small")
+    bottom.legend(fontsize="small")
+    bottom.set_xlabel(_X_LABELS.get(mode.x_axis, mode.x_axis))
+    fig.tight_layout()
+    figure: Figure = fig
+    return figure
+
+
+def write_png(analysis: Analysis | ModeAnalysis, path: Path, facts: SweepFacts) -> None:
+    plt = _pyplot()
+    fig = build_mode_figure(analysis, facts) if isinstance(analysis, ModeAnalysis) else build_figure(analysis, facts)
     try:
         fig.savefig(path, dpi=120)
     finally:
