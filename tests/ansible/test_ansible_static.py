@@ -19,7 +19,7 @@ def _tool(name: str) -> str:
     path = BIN / name
     found = str(path) if path.exists() else shutil.which(name)
     if not found:
-        pytest.fail(f"{name} is not installed; run `make venv`")
+        pytest.fail(f"{name} is not installed; run `make dev`")
     return found
 
 

@@ -49,7 +49,7 @@ def _hostile_values(marker: Path) -> dict[str, Any]:
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Render both templates once with ansible-playbook; return the paths and the values used."""
     if not (BIN / "ansible-playbook").exists() and not shutil.which("ansible-playbook"):
-        pytest.fail("ansible-playbook is not installed; run `make venv`")
+        pytest.fail("ansible-playbook is not installed; run `make dev`")
     tmp = tmp_path_factory.mktemp("profile")
     marker = tmp / "pwned"
     cuda_home = f"{tmp}/cu da$(touch {marker})'\"`touch {marker}`"

@@ -17,6 +17,12 @@ SIM_ARGS = ["--a-ms", "10", "--b-ms", "0.4", "--c-ms", "13", "--d-ms", "1.2", "-
 TRUE_CROSSOVER = 17.5
 
 
+@pytest.fixture(autouse=True)
+def _records_beside_the_test(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench` without --out keeps its records in the current directory: a test's go to a temporary one."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 @dataclass
 class Sim:
     url: str

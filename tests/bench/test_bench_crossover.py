@@ -128,7 +128,7 @@ def test_report_shows_both_sweeps_side_by_side_and_the_policies(
     speculative = {"server": {"speculative": True, "speculative_algorithm": "EAGLE3"}}
     append_jsonl(zero, [replace(r, accept_length=1.0, meta=speculative) for r in read_jsonl(model_sweeps[0])])
     argv = ("--write-policies", str(tmp_path), "--draft-model", "/models/eagle3", "--zero-step", str(zero))
-    assert run_subcommand("crossover", str(model_sweeps[0]), str(model_sweeps[1]), *argv) == 0
+    assert run_subcommand("crossover", str(model_sweeps[0]), str(model_sweeps[1]), *argv, "--verbose") == 0
     out = capsys.readouterr().out
     assert "| Concurrency | Base (tok/s) | Spec (tok/s) | Speedup |" in out
     assert out.count("\n| ") == 1 + len(MODEL_LEVELS)  # header and one row per level
@@ -157,7 +157,7 @@ def test_report_shows_both_sweeps_side_by_side_and_the_policies(
     router = json.loads((tmp_path / "router-rule.json").read_text())
     assert router["switch_back_to_spec_at_or_below"] < TRUE_CROSSOVER < router["switch_to_plain_at_or_above"] + 1
     # without the 0-step sweep, SGLang keeps speculation everywhere; vLLM and TensorRT-LLM still switch at 18
-    assert run_subcommand("crossover", *map(str, model_sweeps), *argv[:-2], "--force") == 0
+    assert run_subcommand("crossover", *map(str, model_sweeps), *argv[:-2], "--force", "--verbose") == 0
     assert json.loads((tmp_path / "sglang-spec-adaptive.json").read_text()) == {"1": {"candidate_steps": [1, 3]}}
     assert "no 0-step slot" in capsys.readouterr().out
     trt = yaml.safe_load((tmp_path / "trtllm-extra-llm-api-options.yaml").read_text())["speculative_config"]

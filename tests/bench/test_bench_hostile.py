@@ -80,7 +80,7 @@ def test_a_stall_before_the_first_level_is_bounded_and_names_the_url(
     with stall_server(answer_info=0) as server:
         code = bench(server.url, "--out", str(tmp_path / "r.jsonl"))
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == 2  # nothing measured: the bench could not do its job
     assert f"GET {server.url}/get_server_info" in err and "stalled" in err
     assert not any(p.startswith("/generate") for p in server.paths)  # no load after the stall
 
@@ -124,7 +124,7 @@ def test_the_api_key_from_the_environment_is_still_sent(monkeypatch: pytest.Monk
         raise __import__("sm120check.bench.http", fromlist=["HttpError"]).HttpError("stop here")
 
     monkeypatch.setattr("sm120check.bench.cli.fetch_server_info", fake_info)
-    assert run_subcommand("bench", "--url", "http://127.0.0.1:9", "--quiet") == 1
+    assert run_subcommand("bench", "--url", "http://127.0.0.1:9", "--quiet") == 2
     assert seen == ["Bearer sk-RUNTIME-123"]
 
 

@@ -94,9 +94,10 @@ def test_record_carries_the_arguments_and_server_info(spec_sim: Sim, tmp_path: P
     assert data["schema"] == "sm120check.bench/1" and data["window_valid"] is True
 
 
-def test_unreachable_server_fails_with_a_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_server_is_exit_2_with_a_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Nothing measured: the bench could not do its job (exitcodes.Exit.USAGE), as docs/bench.md's exit table says.
     code = run_subcommand("bench", "--url", "http://127.0.0.1:9", "--concurrency", "1", "--out", str(tmp_path / "x"))
-    assert code == 1
+    assert code == 2
     err = capsys.readouterr().err
     assert "cannot connect to http://127.0.0.1:9" in err and "/health" in err
     assert not (tmp_path / "x").exists()

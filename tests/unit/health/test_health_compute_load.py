@@ -36,7 +36,7 @@ def _nvrtc() -> Nvrtc:
     installs nvidia-cuda-nvrtc into the dev venv, so NVRTC always exists where these tests run: missing is a failure."""
     nvrtc, error = load.open_nvrtc()
     if nvrtc is None:
-        pytest.fail(f"{error}: `make venv` installs nvidia-cuda-nvrtc==13.0.88 (requirements-dev.txt)", pytrace=False)
+        pytest.fail(f"{error}: `make dev` installs nvidia-cuda-nvrtc==13.0.88 (requirements-dev.txt)", pytrace=False)
     return nvrtc
 
 
@@ -62,7 +62,7 @@ def test_nvrtc_from_a_wheel_off_the_loader_path_finds_its_builtins_and_compiles(
     """A fresh interpreter (no builtins loaded yet), NVRTC opened from the wheel's file as open_nvrtc falls back to
     when the soname does not resolve: nvrtcCompileProgram must find libnvrtc-builtins.so.13.0 beside it."""
     wheel = [p for p in load.nvrtc_candidates() if "site-packages" in p]
-    assert wheel, "no nvidia-cuda-nvrtc wheel on sys.path: `make venv` installs it (requirements-dev.txt)"
+    assert wheel, "no nvidia-cuda-nvrtc wheel on sys.path: `make dev` installs it (requirements-dev.txt)"
     code = (
         "import sys; from sm120check.doctor.health import load; "
         "ptx = load.compile_ptx(load._open_file(sys.argv[1]), 'compute_90'); print(len(ptx))"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from sm120check import __version__, console
-from sm120check.exitcodes import Exit
+from sm120check.exitcodes import Exit, epilog
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -93,6 +93,34 @@ class _Parser(argparse.ArgumentParser):
         self.exit(Exit.USAGE, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
 
 
+class _Help(argparse.HelpFormatter):
+    """Keeps the exit-status epilog's lines; drops defaults that say nothing ("(default: None)", False, "")."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("exit status:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = super()._get_help_string(action)
+        if text and (action.default is None or action.default is False or action.default == ""):
+            text = text.replace(" (default: %(default)s)", "")
+        return text
+
+
+def _finish(parser: argparse.ArgumentParser, command: str) -> None:
+    """Every subcommand's help ends with its exit statuses and keeps its own formatter's other rules."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                _finish(sub, f"{command} {name}".strip())
+    if command:
+        parser.epilog = parser.epilog or epilog(command)
+        base = parser.formatter_class
+        if not (isinstance(base, type) and issubclass(base, _Help)):
+            parser.formatter_class = type("Help", (_Help, base), {})  # type: ignore[misc, arg-type, assignment]
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser; with `argv`, only the subcommand it names (when it names one) is registered."""
     parser = _Parser(prog="sm120check", description=__doc__.splitlines()[0] if __doc__ else None)
@@ -103,6 +131,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     for name, register in REGISTER.items():
         if named is None or name == named:
             register(subparsers)
+    _finish(parser, "")
     return parser
 
 

@@ -33,7 +33,7 @@ from sm120check.bench.http import Connection, Endpoint, HttpError, has_credentia
 from sm120check.bench.metrics import Scrape, SpecFamily, family_for, spec_delta
 from sm120check.bench.openloop import HARD_MAX_IN_FLIGHT, OpenLoopStats, RatePlan, peak_in_flight, run_rate_level
 from sm120check.bench.prompts import load_prompt_file, synthetic_prompts, unique_prompt
-from sm120check.bench.records import LevelSummary, append_jsonl, seed_table
+from sm120check.bench.records import LevelSummary, append_jsonl, level_table
 from sm120check.bench.server_rate import GENERATION_COUNTERS, CounterSampler
 from sm120check.bench.server_rate import judge as judge_window
 from sm120check.bench.speculation import FLAG as DRAFT_FLAG
@@ -209,7 +209,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--api-key", default=None, help=f"bearer token (default: ${API_KEY_ENV}, read at run time)%(default).0s"
     )
     p.add_argument("--label", default="", help="sweep label, e.g. base or spec")
-    p.add_argument("--out", type=Path, help="append one JSONL record per level here")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="append one JSONL record per level here (default: a new bench-YYYYmmddTHHMMSS.jsonl in the current "
+        "directory, named on stderr)",
+    )
     p.add_argument("--request-timeout", type=_timeout, default=600.0, help="seconds per request")
     p.add_argument("--level-timeout", type=_timeout, default=3600.0, help="seconds per level")
     p.add_argument(
@@ -280,17 +285,20 @@ def handle(args: argparse.Namespace) -> int:
             f"(benchmarking {endpoint}); use --api-key or ${API_KEY_ENV} for a bearer token",
             file=sys.stderr,
         )
-    if args.out is not None and (problem := _out_problem(args.out)):
+    if args.out is None:  # the records are the result: keep them beside the run, under a name said on stderr
+        args.out = default_out()
+    if problem := _out_problem(args.out):
         print(f"sm120check bench: --out {args.out}: {problem}; nothing was sent to the server", file=sys.stderr)
         return Exit.USAGE
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    code, kept = Exit.OK, bool(args.out)
+    code, kept = Exit.OK, True
     summaries: list[LevelSummary] = []
     try:
         asyncio.run(_sweep(args, endpoint, levels, prompts, api_key, summaries))
     except HttpError as exc:
         print(f"sm120check bench: {terminal_text(exc)}\n  is the server up? check {endpoint}/health", file=sys.stderr)
-        code = Exit.FOUND
+        # No level measured: the bench could not do its job (exit 2); a server lost mid-sweep is a finding (1).
+        code = Exit.FOUND if summaries else Exit.USAGE
     except ApiMismatch as exc:
         print(f"sm120check bench: {terminal_text(exc)}; nothing was sent to the server", file=sys.stderr)
         return Exit.USAGE
@@ -306,7 +314,8 @@ def handle(args: argparse.Namespace) -> int:
         for s in summaries:
             print(s.to_jsonl_line())
     else:
-        print(seed_table(summaries))
+        print(level_table(summaries))
+    print(f"sm120check bench: {len(summaries)} level record(s) appended to {args.out}", file=sys.stderr)
     failed = sum(s.errors for s in summaries)
     if failed:
         print(f"sm120check bench: {failed} requests failed; see error_samples in the records", file=sys.stderr)
@@ -320,6 +329,20 @@ def handle(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return Exit.FOUND if failed or code or empty else Exit.OK
+
+
+def default_out(now: datetime.datetime | None = None) -> Path:
+    """Where the records go without --out: bench-<UTC time>.jsonl in the current directory."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return Path(f"bench-{now:%Y%m%dT%H%M%S}.jsonl")
+
+
+def eta_text(seconds: float) -> str:
+    """A remaining time as a person reads it: 'about 40 s', 'about 3 min', 'about 1 h 20 min'."""
+    if seconds < 60:
+        return f"about {max(1, round(seconds))} s"
+    minutes = round(seconds / 60)
+    return f"about {minutes} min" if minutes < 60 else f"about {minutes // 60} h {minutes % 60} min"
 
 
 def _out_problem(path: Path) -> str:
@@ -386,9 +409,20 @@ async def _sweep(
     pool = prompts or synthetic_prompts(max(4 * max(levels), 64), args.input_len, args.seed)
     rates: list[float] | None = getattr(args, "request_rate", None)
     steps: list[float] = list(rates) if rates else [float(c) for c in levels]
+    loop = asyncio.get_running_loop()
+    sweep_start, weights_done = loop.time(), 0.0
+    # What a level costs, for the ETA: its seconds with --duration, else its measured requests (a guess: a level's
+    # time grows with its requests, since the server is busier at every level).
+    weights = [
+        1.0
+        if args.duration is not None
+        else float(args.requests_per_level or (default_rate_requests(step) if rates else default_requests(int(step))))
+        for step in steps
+    ]
     for number, step in enumerate(steps):
         c = number if rates else int(step)  # a closed level's concurrency; an open level's index (for its prompts)
         name = f"rate {step:g}/s" if rates else f"C={c}"
+        of = f"level {number + 1} of {len(steps)}, "
         if rates is None:
             if args.duration is not None:
                 plan = LevelPlan(c, duration=args.duration, warmup=args.warmup, min_lifetimes=args.min_lifetimes)
@@ -396,7 +430,7 @@ async def _sweep(
                 plan = LevelPlan(c, requests=args.requests_per_level or default_requests(c), warmup=args.warmup)
             plan = replace(plan, request_timeout=args.request_timeout, level_timeout=args.level_timeout)
             amount = plan.requests or f"{plan.duration:g} s of"
-            say(f"{name}: {amount} measured requests after {args.warmup} warm-up each")
+            say(f"{of}{name}: {amount} measured requests after {args.warmup} warm-up each")
         else:
             rate_plan = RatePlan(
                 Arrivals(step, args.burstiness, seed=args.seed + number),
@@ -408,7 +442,7 @@ async def _sweep(
                 level_timeout=args.level_timeout,
             )
             amount = rate_plan.requests or f"{rate_plan.duration:g} s of"
-            say(f"{name}: {amount} measured arrivals ({rate_plan.arrivals.describe}) after {args.warmup} warm-up")
+            say(f"{of}{name}: {amount} measured arrivals ({rate_plan.arrivals.describe}) after {args.warmup} warm-up")
 
         def make_spec(i: int, c: int = c) -> RequestSpec:
             body = pool[i % len(pool)]
@@ -513,6 +547,10 @@ async def _sweep(
         )
         for warning in summary.warnings:
             say(f"  warning: {warning}")
+        weights_done += weights[number]
+        if number < len(steps) - 1 and weights_done > 0:
+            left = (loop.time() - sweep_start) / weights_done * sum(weights[number + 1 :])
+            say(f"  {len(steps) - number - 1} level(s) left, {eta_text(left)} (a guess from the levels so far)")
         if stalled is not None:
             raise SweepError(f"stopped after {name}: {stalled}")
         if pause > 0 and number < len(steps) - 1:

@@ -203,10 +203,8 @@ def analyze(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: t
 # likely to pay at low load: the policies cannot place steps the sweep did not measure.
 DEEPER_ACCEPT = 0.8
 DEEPER_MEASURED = (
-    "measured: an SGLang 0.5.16 server whose 3-step draft was accepted 3.36 of 4 gave 0.91, 0.82, 0.92 x SGLang's "
-    "adaptive mode drafting 7 steps (accept 5.45) at C=1, 2, 5, and the same server at 7 static steps 871, 1579, "
-    "2598 tok/s against the 3-step server's 719, 1061, 2127 (another start; H200, "
-    "docs/validation/2026-12-02-h200-deeper)"
+    "an SGLang 0.5.16 server at 7 static steps beat the 3-step one at C=1, 2, 5, measured on another server start: "
+    "docs/validation/2026-12-02-h200-deeper"
 )
 
 

@@ -2,15 +2,19 @@
 
 Each file holds one or more runs of `sm120check bench` (append repeated sweeps to the same file to get an
 uncertainty). Exit 0 with a result (a crossover, or the statement that there is none in range), 2 for bad input.
-The analysis is always printed first; then --write-policies, then --png. Exit 2 when --write-policies was asked for
-but cannot be made (the draft length is unknown: pass --steps) or written, or when --png cannot be drawn (no
-matplotlib) - after everything else has been done.
+The verdict comes first (the crossover, what to launch, the files written), then the table; --verbose adds the
+cost model and each engine's settings and notes. Then --write-policies (with the plot beside the policy files,
+crossover.png, unless --no-png) and --png. Files whose records say they came from the other server (the speculative
+sweep given first, or the plain one second) are refused. Exit 2 when --write-policies was asked for but cannot be
+made (the draft length is unknown: pass --steps) or written, or when --png cannot be drawn (no matplotlib) - after
+everything else has been done.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import sys
@@ -18,8 +22,17 @@ import tempfile
 from pathlib import Path
 
 from sm120check import argtypes
-from sm120check.bench.crossover import METRICS, X_AXES, Analysis, ZeroStep, analyze, analyze_mode, zero_step
-from sm120check.bench.crossover_report import render_json, render_text
+from sm120check.bench.crossover import (
+    METRICS,
+    X_AXES,
+    Analysis,
+    ModeAnalysis,
+    ZeroStep,
+    analyze,
+    analyze_mode,
+    zero_step,
+)
+from sm120check.bench.crossover_report import SweepFacts, render_json, render_text, role_problem, sweep_facts
 from sm120check.bench.plot import PlotUnavailable, write_png
 from sm120check.bench.policy import (
     ALL_POLICY_FILES,
@@ -51,7 +64,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("base", type=Path, help="JSONL from `sm120check bench` against the plain server")
     p.add_argument("spec", type=Path, help="JSONL from `sm120check bench` against the speculative server")
-    p.add_argument("--png", type=Path, help="write a plot of both curves (needs matplotlib)")
+    p.add_argument(
+        "--png",
+        type=Path,
+        help="write the plot here (needs matplotlib; with --write-policies it goes to DIR/crossover.png by default)",
+    )
+    p.add_argument("--no-png", action="store_true", help="no plot beside the --write-policies files")
+    p.add_argument("--verbose", action="store_true", help="also the cost model and every engine's settings and notes")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument(
         "--x", choices=X_AXES, default="concurrency", help="axis: concurrency (closed loop) or request rate (open)"
@@ -84,8 +103,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--reduced-tier",
         action="store_true",
         help="add a one-draft-step tier in the half-decade below the crossover (off by default: no sweep at reduced "
-        "steps backs it; on a real SGLang server full speculation measured 6.8 %% ahead at C=10, one run, below a "
-        "crossover at 13.2)",
+        "steps backs it, and full speculation measured ahead there on a real SGLang server: "
+        "docs/validation/2026-12-02-h200-sglang-server)",
     )
     p.add_argument(
         "--zero-step",
@@ -148,15 +167,19 @@ def handle(args: argparse.Namespace) -> int:
         return Exit.USAGE
     x_axis, metric = getattr(args, "x", "concurrency"), getattr(args, "metric", "throughput")
     if (x_axis, metric) != ("concurrency", "throughput"):
-        if args.png or args.write_policies or getattr(args, "zero_step", None):
+        if args.write_policies or getattr(args, "zero_step", None):
             print(
-                "sm120check crossover: --png, --write-policies and --zero-step come from the throughput crossover on "
+                "sm120check crossover: --write-policies and --zero-step come from the throughput crossover on "
                 "concurrency (the policies act on batch size); drop them or --x/--metric",
                 file=sys.stderr,
             )
             return Exit.USAGE
         try:
-            mode = analyze_mode(read_jsonl(args.base), read_jsonl(args.spec), names, x_axis, metric)
+            base, spec = read_jsonl(args.base), read_jsonl(args.spec)
+            if problem := role_problem(base, spec, names):
+                print(f"sm120check crossover: {terminal_text(problem)}", file=sys.stderr)
+                return Exit.USAGE
+            mode = analyze_mode(base, spec, names, x_axis, metric)
         except RecordError as exc:
             print(f"sm120check crossover: {terminal_text(exc)}", file=sys.stderr)
             return Exit.USAGE
@@ -166,11 +189,14 @@ def handle(args: argparse.Namespace) -> int:
         ):
             print(f"sm120check crossover: {problem}", file=sys.stderr)
             return Exit.USAGE
-        return Exit.OK
+        return _write_png(mode, args.png, sweep_facts(base, spec)) if args.png else Exit.OK
     zero: ZeroStep | None = None
     try:
-        spec = read_jsonl(args.spec)
-        analysis = analyze(read_jsonl(args.base), spec, names)
+        spec, base = read_jsonl(args.spec), read_jsonl(args.base)
+        if problem := role_problem(base, spec, names):
+            print(f"sm120check crossover: {terminal_text(problem)}", file=sys.stderr)
+            return Exit.USAGE
+        analysis = analyze(base, spec, names)
         if getattr(args, "zero_step", None) is not None:
             zero = zero_step(read_jsonl(args.zero_step), spec, (str(args.zero_step), names[1]))
     except RecordError as exc:
@@ -192,19 +218,29 @@ def handle(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         reason = str(exc).removeprefix("no policy: ")
 
+    facts = sweep_facts(base, spec)
+    png: Path | None = args.png
+    if png is None and args.write_policies and not getattr(args, "no_png", False) and policies is not None:
+        png = args.write_policies / PNG_FILE if importlib.util.find_spec("matplotlib") else None
+    files = [str(args.write_policies / name) for name in policy_file_names(policies)] if args.write_policies else []
+    files += [str(png)] if png is not None else []
     status = Exit.OK
     if args.format == "json":
         text = render_json(analysis, names, policies, reason)
-    else:
-        text = terminal_text(render_text(analysis, names, policies, reason))  # the records' text made inert
+    else:  # the records' text made inert
+        verbose = getattr(args, "verbose", False)
+        text = terminal_text(render_text(analysis, names, policies, reason, files, verbose=verbose))
     if problem := write_stdout(text + "\n"):  # a reader gone is no error
         print(f"sm120check crossover: {problem}", file=sys.stderr)
         status = Exit.USAGE
     if args.write_policies:
         status = max(status, _write_policies(args.write_policies, policies, reason, analysis.crossover.value))
-    if args.png:
-        status = max(status, _write_png(analysis, args.png, names))
+    if png is not None:
+        status = max(status, _write_png(analysis, png, facts))
     return status
+
+
+PNG_FILE = "crossover.png"
 
 
 def _write_policies(directory: Path, policies: Policies | None, reason: str, crossover: float | None) -> Exit:
@@ -224,9 +260,9 @@ def _write_policies(directory: Path, policies: Policies | None, reason: str, cro
     return Exit.OK
 
 
-def _write_png(analysis: Analysis, png: Path, names: tuple[str, str]) -> Exit:
+def _write_png(analysis: Analysis | ModeAnalysis, png: Path, facts: SweepFacts) -> Exit:
     try:
-        write_png(analysis, png, names)
+        write_png(analysis, png, facts)
     except PlotUnavailable as exc:
         print(
             f"sm120check crossover: {terminal_text(exc)}; everything else was done, only the plot is missing",
@@ -238,6 +274,16 @@ def _write_png(analysis: Analysis, png: Path, names: tuple[str, str]) -> Exit:
         return Exit.USAGE
     print(f"plot written to {png}", file=sys.stderr)
     return Exit.OK
+
+
+def policy_file_names(policies: Policies | None) -> list[str]:
+    """The files --write-policies writes for these policies (none without policies)."""
+    if policies is None:
+        return []
+    return [SGLANG_FILE, ZERO_STEP_FILE, vllm_file(policies), trtllm_file(policies), ROUTER_FILE]
+
+
+POLICY_MODE = 0o644  # read by servers and routers running as other users; the files hold no secret
 
 
 def write_policy_files(directory: Path, policies: Policies) -> list[str]:
@@ -258,6 +304,7 @@ def write_policy_files(directory: Path, policies: Policies) -> list[str]:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
+            Path(tmp).chmod(POLICY_MODE)  # mkstemp makes it 0600
             Path(tmp).replace(directory / name)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from sm120check.bench.crossover import ZERO_STEP_HOWTO, Analysis, Spread
+from sm120check.bench.crossover import ZERO_STEP_HOWTO, Analysis, Spread, running_cap, speculation_reported
 from sm120check.bench.policy import (
     FLOOR_CAVEAT,
     MERGE_HINT,
     PIECEWISE_CAVEAT,
+    ROUTER_FILE,
     SGLANG_FILE,
     SGLANG_MIN_RELEASE,
     TRTLLM_SOURCE,
@@ -24,6 +27,7 @@ from sm120check.bench.policy import (
     vllm_config,
     vllm_file,
 )
+from sm120check.bench.records import LevelSummary
 
 
 def _num(s: Spread, digits: int = 1) -> str:
@@ -134,18 +138,115 @@ def policies_text(p: Policies | None, reason: str) -> str:
     return "\n".join(lines)
 
 
-def render_text(analysis: Analysis, names: tuple[str, str], policies: Policies | None, reason: str) -> str:
+@dataclass(frozen=True)
+class SweepFacts:
+    """What the records say of the sweeps, for the plot's title and labels ("" where they did not say)."""
+
+    model: str = ""
+    engine: str = ""
+    version: str = ""
+    gpu: str = ""
+    date: str = ""
+    spec_cap: int | None = None  # the speculative server's max running requests
+    spec_steps: int | None = None
+
+    def title(self) -> str:
+        engine = " ".join(part for part in (self.engine, self.version) if part)
+        return ", ".join(part for part in (self.model, engine, self.gpu, self.date) if part)
+
+
+def _server(record: LevelSummary) -> dict[str, object]:
+    server = record.meta.get("server")
+    return dict(server) if isinstance(server, dict) else {}
+
+
+def sweep_facts(base: Sequence[LevelSummary], spec: Sequence[LevelSummary]) -> SweepFacts:
+    first = _server(spec[0]) if spec else {}
+    model = str(first.get("model_path") or (spec[0].meta.get("model") if spec else "") or "")
+    engine = {"sglang": "SGLang", "vllm": "vLLM", "llama.cpp": "llama.cpp"}.get(str(first.get("engine", "")), "")
+    started = str(spec[0].meta.get("started_at", "")) if spec else ""
+    gpu = first.get("gpu_name") or first.get("gpu") or ""
+    caps = [cap for r in spec if (cap := running_cap(r)) is not None]
+    steps = first.get("speculative_num_steps")
+    return SweepFacts(
+        model=Path(model).name if "/" in model else model,
+        engine=engine,
+        version=str(first.get("version") or ""),
+        gpu=str(gpu),
+        date=started[:10],
+        spec_cap=min(caps) if caps else None,
+        spec_steps=steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
+    )
+
+
+def role_problem(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: tuple[str, str]) -> str:
+    """Why the two files cannot be the plain server's sweep and the speculative server's ("" when they can), from
+    what their records say: the server's own report of speculation, else the bench's --label."""
+
+    def said(records: Sequence[LevelSummary]) -> bool | None:
+        values = {speculation_reported(r)[0] for r in records} - {None}
+        if len(values) == 1:
+            return values.pop()
+        labels = {r.label for r in records} & {"base", "spec"}
+        return (labels == {"spec"}) if len(labels) == 1 else None
+
+    base_spec, spec_spec = said(base), said(spec)
+    if base_spec is True and spec_spec is False:
+        return (
+            f"the files are swapped: {names[0]} was measured on the speculative server and {names[1]} on the plain "
+            f"one (their records say so); give the plain server's sweep first: sm120check crossover {names[1]} "
+            f"{names[0]}"
+        )
+    if base_spec is True:
+        return (
+            f"{names[0]} was measured on a speculative server (its records say so): the first file must be the "
+            "plain server's sweep (bench --label base against the server without speculation)"
+        )
+    if spec_spec is False:
+        return (
+            f"{names[1]} was measured on a server without speculation (its records say so): the second file must be "
+            "the speculative server's sweep (bench --label spec against the EAGLE-3 server)"
+        )
+    return ""
+
+
+def verdict(analysis: Analysis, policies: Policies | None, reason: str, files: Sequence[str]) -> list[str]:
+    """The three lines a reader needs first: the crossover, what to launch, the files written."""
+    if policies is None:
+        launch = f"Policies: none - {reason}"
+    else:
+        sg = policies.sglang
+        flags = (
+            f"--speculative-algorithm EAGLE3 --speculative-num-steps {policies.steps} --speculative-eagle-topk 1"
+            if sg.static
+            else sglang_flags(policies)
+        )
+        launch = (
+            f"Launch: the EAGLE-3 server below C={policies.off_at} and the plain server from C={policies.off_at} "
+            f"on, behind the router rule ({ROUTER_FILE}); SGLang {SGLANG_MIN_RELEASE}+: {flags} "
+            "(--verbose: vLLM, TensorRT-LLM and the notes)"
+        )
+    written = ", ".join(files) if files else "none (--write-policies DIR writes the policy files and the plot)"
+    return [crossover_line(analysis), launch, f"Files: {written}"]
+
+
+def render_text(
+    analysis: Analysis,
+    names: tuple[str, str],
+    policies: Policies | None,
+    reason: str,
+    files: Sequence[str] = (),
+    verbose: bool = False,
+) -> str:
     parts = [
-        f"Speculation crossover: {names[0]} ({analysis.base_runs} run(s)) vs {names[1]} ({analysis.spec_runs} run(s))",
+        *verdict(analysis, policies, reason, files),
         "",
+        f"{names[0]} ({analysis.base_runs} run(s)) vs {names[1]} ({analysis.spec_runs} run(s)):",
         side_by_side(analysis),
-        "",
-        crossover_line(analysis),
-        model_line(analysis),
-        "",
-        policies_text(policies, reason),
     ]
-    parts += [f"warning: {w}" for w in analysis.warnings]
+    if verbose:
+        parts += ["", model_line(analysis), "", policies_text(policies, reason)]
+    parts += [""] + [f"warning: {w}" for w in analysis.warnings] if analysis.warnings else []
     return "\n".join(parts)
 
 

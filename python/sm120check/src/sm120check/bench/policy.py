@@ -81,13 +81,13 @@ def sglang_slot_start(batch: int) -> int:
 
 # SGLang's 0-step tier measured on the H200 (docs/validation/2026-12-02-h200-policy, then -policy-2 uncapped and
 # without the draft extend): the 0-step server's throughput over the plain server's at C=10, 30, 70, 100, 250
-ZERO_STEP_MEASURED = (
-    "0.53, 0.47, 0.40, 0.48, 0.39 x the plain server at C=10, 30, 70, 100, 250 (SGLang 0.5.16, H200); uncapped "
-    "and with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1, 0.71, 0.53, 0.44, 0.43, 0.61 x"
-)
+ZERO_STEP_MEASURED = "below the plain server at every level (docs/validation/2026-12-02-h200-policy-2)"
 # SGLang's adaptive mode against the same server without it, same steps and accept length (H200,
 # docs/validation/2026-12-02-h200-policy and -policy-2)
-ADAPTIVE_AT_C1 = "SGLang 0.5.16's adaptive mode gave 0.82 and 0.78 x the static server at C=1 (H200, two runs)"
+ADAPTIVE_AT_C1 = (
+    "SGLang 0.5.16's adaptive mode was slower than the static server at C=1 in two runs "
+    "(docs/validation/2026-12-02-h200-policy-2)"
+)
 # A slot key no running batch reaches: SGLang's zero-step measuring file names the server's draft steps there, so the
 # union of its candidates (which sizes SGLang's draft buffers and graphs) still matches --speculative-num-steps
 UNREACHED_BATCH = 1 << 20

@@ -390,5 +390,34 @@ def seed_table(summaries: Iterable[LevelSummary]) -> str:
     return "\n".join(lines)
 
 
+def level_table(summaries: Iterable[LevelSummary]) -> str:
+    """What `bench` prints: the seed account's columns, then TTFT and TPOT (p50 / p99, ms); an open-loop level is
+    named by the rate asked for, and goodput is shown where --slo was given."""
+    rows = sorted(summaries, key=lambda s: (s.request_rate or 0.0, s.concurrency))
+    open_loop = any(s.mode == "open" for s in rows)
+    goodput = open_loop or any(s.goodput is not None for s in rows)
+    head = ["Rate (req/s)" if open_loop else "Concurrency", "Throughput (tok/s)", "Per-Req (tok/s)", "Avg Latency (s)"]
+    head += ["TTFT p50/p99 (ms)", "TPOT p50/p99 (ms)"] + (["Goodput (req/s)"] if goodput else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in rows:
+        rate = s.request_rate if s.request_rate is not None else math.nan
+        cells = [_rate(rate) if s.mode == "open" else str(s.concurrency)]
+        cells += [_fmt(s.throughput_tok_s), _fmt(s.per_request_mean), _fmt(s.avg_latency_s)]
+        cells += [_ms(s.ttft_s), _ms(s.tpot_s)]
+        if goodput:
+            g = s.goodput
+            cells.append("no --slo" if g is None else f"{g.request_goodput:.2f} ({g.good}/{g.finished} met)")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _rate(value: float) -> str:
+    return "all at once" if math.isinf(value) else f"{value:g}"
+
+
+def _ms(dist: Dist | None) -> str:
+    return "n/a" if dist is None else f"{dist.p50 * 1000:.1f} / {dist.p99 * 1000:.1f}"
+
+
 def _fmt(value: float, digits: int = 1) -> str:
     return "n/a" if math.isnan(value) else f"{value:.{digits}f}"

@@ -8,14 +8,16 @@ import datetime as dt
 import inspect
 import math
 import os
+import re
 import signal
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from sm120check import __version__, argtypes, console, manifest
 from sm120check.doctor import child, facts
@@ -24,7 +26,7 @@ from sm120check.exitcodes import Exit
 from sm120check.safetext import terminal_text
 
 if TYPE_CHECKING:
-    from sm120check.doctor.model import Check
+    from sm120check.doctor.model import Check, Result
 
 # The check catalogue, the runner and the report writers are imported in `main`, after the torch probe (the slowest
 # child of a level-2 run) has started: their import (a fifth of a second) then overlaps with it.
@@ -81,9 +83,16 @@ def _usage(message: str) -> int:
     return Exit.USAGE
 
 
+# A sentence ends at . ! or ? before a space and a capital or the end; "e.g. x" and "(1.2 s)" do not end one.
+_SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)[.!?](?=\s+[A-Z(`]|\s*$)")
+
+
 def describe(check: Check) -> str:
+    """The first sentence of the check's docstring, whole (a docstring wraps its first sentence over lines)."""
     doc = inspect.getdoc(check) or ""
-    return doc.splitlines()[0] if doc else ""
+    paragraph = " ".join(doc.split("\n\n", 1)[0].split())
+    end = _SENTENCE_END.search(paragraph)
+    return paragraph[: end.end()] if end else paragraph
 
 
 def list_checks(checks: list[Check]) -> str:
@@ -218,7 +227,7 @@ def _run(
             torch_probe=early if early is not None else torch_check.early_probe(chosen, ctx),
             pcie=pcie.reader(chosen),
         )
-        results = runner.run(chosen, ctx)
+        results = runner.run(chosen, ctx, on_result=progress(len(chosen), sys.stderr))
     except runner.Interrupted as stopped:  # Ctrl-C or SIGTERM: the children are dead; report what finished
         results, signum = stopped.results, stopped.signum
     info = report.RunInfo(
@@ -252,6 +261,25 @@ def _run(
         # waiting for its worker thread; every child process group is already killed.
         os._exit(Exit.signalled(signum))
     return code
+
+
+def progress(total: int, stream: TextIO) -> Callable[[Result], None] | None:
+    """On a terminal, one line per finished check on `stream` (`[3/28] driver skip 0.1 s`), so a level-3 run that
+    takes minutes shows it moves; nothing when `stream` is a pipe or a file (the report alone stays parseable)."""
+    try:
+        if not stream.isatty():
+            return None
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return None
+    done = 0
+
+    def show(result: Result) -> None:
+        nonlocal done
+        done += 1
+        with contextlib.suppress(OSError, ValueError):
+            print(f"[{done}/{total}] {result.id} {result.status.value} {result.seconds:.1f} s", file=stream, flush=True)
+
+    return show
 
 
 def _write(path: Path, text: str) -> None:

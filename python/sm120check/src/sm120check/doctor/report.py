@@ -57,21 +57,78 @@ def table(results: Sequence[Result], info: RunInfo) -> str:
     # each line goes through terminal_text, so no escape sequence reaches the terminal and no value adds a row.
     lines = [f"sm120check {info.version} doctor on {terminal_text(info.host, one_line=True)} (level <= {info.level})"]
     lines.append(f"{'CHECK'.ljust(width)}  STATUS  SUMMARY")
+    pad = " " * (width + 10)
+    said: dict[str, str] = {}  # remedy text -> the check under which it was printed
     for result in results:
         summary = terminal_text(result.summary, one_line=True)
         lines.append(f"{result.id.ljust(width)}  {result.status.value.upper():<6}  {summary}")
-        if result.status is not Status.PASS:
-            for text, label in ((result.details, "details"), (result.remedy, "remedy")):
-                if text:
-                    body = [terminal_text(line, one_line=True) for line in text.strip().splitlines()]
-                    pad = " " * (width + 10)
-                    lines.append(f"{pad}{label}: {body[0]}")
-                    lines.extend(f"{pad}  {more}" for more in body[1:])
+        if result.status is Status.PASS:
+            continue
+        for text, label in ((result.details, "details"), (result.remedy, "remedy")):
+            if label == "remedy" and text and text in said:  # printed above: a prerequisite's, or the same fix
+                blocked = result.status is Status.SKIP and result.summary.startswith("needs ")
+                lines.append(f"{pad}remedy: " + (f"needs {said[text]}, see above" if blocked else f"as {said[text]}"))
+                continue
+            if text:
+                body = [terminal_text(line, one_line=True) for line in text.strip().splitlines()]
+                lines.append(f"{pad}{label}: {body[0]}")
+                lines.extend(f"{pad}  {more}" for more in body[1:])
+        if result.remedy:
+            said.setdefault(result.remedy, result.id)
     if info.interrupted:
         left = unfinished(results)
         lines.append(f"interrupted by {info.interrupted}: {len(left)} check(s) did not finish ({', '.join(left)})")
+    lines.extend(footer(results, info.level))
     lines.append(tally_line(results, info.seconds))
     return "\n".join(lines) + "\n"
+
+
+_FIRST = {Status.FAIL: 0, Status.WARN: 1, Status.SKIP: 2, Status.PASS: 3}
+
+
+def fix_first(results: Sequence[Result]) -> tuple[Result, int] | None:
+    """The result to fix first and how many other checks wait on it: among the non-passing results with a remedy of
+    their own (not one inherited from a prerequisite), the one whose remedy the most others carry, a failure before a
+    warning before a skip."""
+    roots: list[tuple[int, int, int, Result]] = []
+    seen: set[str] = set()
+    for position, result in enumerate(results):
+        if result.status is Status.PASS or not result.remedy or result.remedy in seen:
+            continue
+        seen.add(result.remedy)
+        waiting = sum(1 for other in results if other is not result and other.remedy == result.remedy)
+        roots.append((-waiting, _FIRST[result.status], position, result))
+    if not roots:
+        return None
+    waiting, _, _, first = min(roots, key=lambda root: root[:3])
+    return first, -waiting
+
+
+def gpu_count(results: Sequence[Result]) -> int:
+    """The GPUs the driver check saw (0 when it did not run or saw none)."""
+    for result in results:
+        count = result.data.get("gpu_count") if result.id == "driver" else None
+        if isinstance(count, int):
+            return count
+    return 0
+
+
+def footer(results: Sequence[Result], level: int) -> list[str]:
+    """What to do next: the fix that unblocks the most, and level 3 on a node of several GPUs."""
+    lines: list[str] = []
+    first = fix_first(results)
+    if first is not None and any(r.status is not Status.PASS for r in results):
+        result, waiting = first
+        also = f"; {waiting} other check(s) wait on it" if waiting else ""
+        remedy = terminal_text(result.remedy.strip().splitlines()[0], one_line=True)
+        lines.append(f"fix first: {result.id} ({result.status.value}{also}): {remedy}")
+    gpus = gpu_count(results)
+    if level < 3 and gpus > 1:
+        lines.append(
+            f"this node has {gpus} GPUs: `sm120check doctor --level 3` also runs the multi-GPU checks (NCCL on "
+            f"every GPU pair, P2P), which level {level} leaves out"
+        )
+    return lines
 
 
 def result_dict(result: Result) -> dict[str, object]:

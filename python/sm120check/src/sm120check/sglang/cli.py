@@ -40,6 +40,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "the target's plain decode; scan: report it as needed, patch: apply it (off unless given)",
         )
         sub.add_argument("--json", action="store_true", help="print JSON")
+    scan_action.add_argument(
+        "--model",
+        metavar="NAME",
+        help="show the EAGLE-3 findings of the model classes whose name holds NAME (e.g. Qwen3VL); else counts",
+    )
     scan_action.set_defaults(handler=run_scan)
     fix.add_argument("--check", action="store_true", help="change nothing; exit 1 when a patch (or revert) is needed")
     fix.add_argument("--diff", action="store_true", help="print the unified diff of the change")
@@ -88,7 +93,8 @@ def run_scan(args: argparse.Namespace) -> int:
         found = _scan(tree, args)
     except SglangError as exc:
         return _error(args, exc)
-    print(json.dumps(found.to_dict(), indent=2) if args.json else terminal_text(scan.render(found)))
+    model = getattr(args, "model", None) or ""
+    print(json.dumps(found.to_dict(), indent=2) if args.json else terminal_text(scan.render(found, model)))
     return Exit.FOUND if found.needs_patch else Exit.OK
 
 

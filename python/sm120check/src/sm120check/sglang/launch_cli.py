@@ -59,7 +59,7 @@ def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = actions.add_parser(
         "verify-launch",
         help="check that the running server runs what its launch asked for (fusion, symm mem, speculation, graphs)",
-        description=__doc__,
+        description=(__doc__ or "").split("\n\nThis module", 1)[0],  # the user's part; the rest is for maintainers
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = p.add_mutually_exclusive_group()

@@ -241,11 +241,30 @@ def run(
     )
 
 
-def render(report: ScanReport) -> str:
-    mark = {True: "ok  ", False: "FIX "}
+EAGLE_PREFIX = "eagle3"
+
+
+def _status(f: Finding) -> str:
+    """The doctor's words: pass; fail where the patch closes it; warn where nothing here can."""
+    return "PASS" if f.ok else "FAIL" if f.patchable else "WARN"
+
+
+def _model_of(f: Finding) -> str:
+    return f.id.split(":", 1)[1] if ":" in f.id else ""
+
+
+def render(report: ScanReport, model: str = "") -> str:
+    """The summary line first, then the findings; EAGLE-3 model findings as counts unless `model` narrows them to
+    the models whose class name holds it (case-insensitive)."""
+    core = [f for f in report.findings if not f.id.startswith(EAGLE_PREFIX)]
+    eagle3 = [f for f in report.findings if f.id.startswith(EAGLE_PREFIX)]
+    counts = {word: sum(_status(f) == word for f in report.findings) for word in ("FAIL", "WARN", "PASS")}
+    verdict = "patch needed: sm120check sglang patch" if report.needs_patch else "nothing to patch"
     lines = [
-        f"SGLang {report.version} at {report.source}",
-        f"compute capability {report.cc} ({report.cc.origin}); FlashInfer {report.flashinfer or 'not installed'}",
+        f"SGLang {report.version} for compute capability {report.cc}: {counts['FAIL']} fail, {counts['WARN']} warn, "
+        f"{counts['PASS']} pass ({len(eagle3)} of them EAGLE-3 model classes); {verdict}",
+        f"source {report.source}; compute capability {report.cc} ({report.cc.origin}); FlashInfer "
+        f"{report.flashinfer or 'not installed'}",
         "capability maps: " + "; ".join(f"{m.name} {{{', '.join(map(str, m.majors))}}}" for m in report.symm.maps),
         "EAGLE-3 contract (from "
         + f"{len(report.eagle.sources)} worker/runner files): "
@@ -253,16 +272,31 @@ def render(report: ScanReport) -> str:
         + f"; {len(report.eagle.models)} registered models, {sum(m.wrapper for m in report.eagle.models)} wrappers "
         + f"(holding self.{', self.'.join(eagle.HELD_ATTRS)}), {len(report.eagle.unsupported)} without EAGLE-3 support",
     ]
-    for f in report.findings:
-        status = mark[f.ok] if f.ok or f.patchable else "warn"
-        lines.append(f"  {status} {f.summary}")
+    lines += [f"  {_status(f):<4}  {f.summary}" for f in core]
+    if model:
+        chosen = [f for f in eagle3 if model.lower() in _model_of(f).lower()]
+        lines += [f"  {_status(f):<4}  {f.summary}" for f in chosen]
+        if not chosen:
+            lines.append(
+                f"  PASS  EAGLE-3: no gap in a model class matching {model!r} (it has the methods, or no such class)"
+            )
+    elif eagle3:
+        for word, what in (
+            ("FAIL", "lack EAGLE-3's methods; the patch delegates them"),
+            ("WARN", "cannot run EAGLE-3"),
+        ):
+            names = [_model_of(f) for f in eagle3 if _status(f) == word]
+            if names:
+                lines.append(
+                    f"  {word:<4}  EAGLE-3: {len(names)} model classes {what} (--model NAME shows one, --json all)"
+                )
     crashing = {f.path for f in report.findings if f.id.startswith(AUTO_ENABLE_ID)}
     for g in report.gates:
         if g.kind == "auto-enable" and g.path not in crashing:
             admits = "admits" if report.cc.major in g.majors else "does not admit"
-            lines.append(f"  note auto-enable `{g.expression}` in {g.path} {admits} {report.cc.major}; not patched")
+            lines.append(f"  note  auto-enable `{g.expression}` in {g.path} {admits} {report.cc.major}; not patched")
     if report.workspace_constants is not None:
-        lines.append(f"  note {flashinfer_workspace.describe(report.workspace_constants)}")
+        lines.append(f"  note  {flashinfer_workspace.describe(report.workspace_constants)}")
     if report.needs_patch:
         plain = " --plain-decode" if any(f.id == plain_decode.PATCH_ID and not f.ok for f in report.findings) else ""
         lines.append("fix: sm120check sglang patch" + plain + (f" --source {report.source}" if report.source else ""))
