@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VALIDATION = "docs/validation"
 TABLE = f"{VALIDATION}/README.md"
 
-MACHINES = ("1x H200", "2x H200 NVLink", "PCIe multi-GPU", "SM120")
+MACHINES = ("1x H200", "1x H100", "2x H200 NVLink", "PCIe multi-GPU", "SM120")
 MACHINE_KINDS = (*MACHINES, "none")
 FIELDS = ("date", "commit", "machine", "gpus", "interconnect", "commands", "result", "pytest", "checks")
 LIST_FIELDS = frozenset({"commands", "checks"})
@@ -188,6 +188,19 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
         "tests/gpu/launch",
         f"{_SRC}/bench",
     ),
+    "tests/gpu/test_sglang_switch.py": (
+        "tests/gpu/test_sglang_switch.py",
+        "tests/lab/sglang_gpu.py",
+        "tests/gpu/launch",
+        f"{_SRC}/sglang",
+    ),
+    "tests/gpu/test_sglang_envelope.py": (
+        "tests/gpu/test_sglang_envelope.py",
+        "tests/lab/sglang_gpu.py",
+        "tests/gpu/launch",
+        f"{_SRC}/sglang",
+        f"{_SRC}/bench",
+    ),
     "tests/gpu/test_sglang_server.py": (
         "tests/gpu/test_sglang_server.py",
         "tests/lab/sglang_gpu.py",
@@ -232,7 +245,7 @@ matter: `key: value` lines, list items `  - ...`, every field present, no other 
 ---
 date: 2026-12-01T17:59Z            # when the record's last run was made, UTC, no later than the commit adding it
 commit: <7-40 hex>                 # the commit checked out on the device when it ran (its base, for uncommitted work)
-machine: 1x H200                   # one of: 1x H200, 2x H200 NVLink, PCIe multi-GPU, SM120, none (no GPU)
+machine: 1x H200                   # one of: 1x H200, 1x H100, 2x H200 NVLink, PCIe multi-GPU, SM120, none
 gpus: 1x NVIDIA H200 (cc 9.0), driver 580.159.04
 interconnect: none (one GPU)
 commands:
