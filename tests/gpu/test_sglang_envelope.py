@@ -129,7 +129,8 @@ class TestEnvelopePolicy:
     def test_the_policy_is_on_the_envelope_and_beats_sglangs_adaptive(self) -> None:
         names = ["base", "spec-3", "spec-7", "sglang-adaptive", "policy"]
         curves = {n: curve(n) for n in names}
-        table = {"levels": list(LEVELS), "curves": {n: [round(curves[n][c], 1) for c in LEVELS] for n in names}}
+        rows = {n: [round(curves[n][c], 1) for c in LEVELS] for n in names}
+        table: dict[str, Any] = {"levels": list(LEVELS), "curves": rows}
         steady = {n: json.loads((SWEEPS / f"{n}-steady.json").read_text()) for n in ("base", "policy")}
         step = {
             str(b): {
@@ -146,7 +147,7 @@ class TestEnvelopePolicy:
             if curves["policy"][c] < curves["sglang-adaptive"][c]:
                 anchor = curves["sglang-adaptive"][c]
                 misses.append(f"C={c}: policy {curves['policy'][c]:.0f} < SGLang adaptive {anchor:.0f}")
-            assert table["curves"]["policy"][i] == round(curves["policy"][c], 1)
+            assert rows["policy"][i] == round(curves["policy"][c], 1)
         record = {**table, "step_at_batch": step, "policy_batches": switch_of("policy"), "misses": misses}
         save("table.json", table)
         save("envelope-verdict.json", record)

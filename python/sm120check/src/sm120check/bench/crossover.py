@@ -191,7 +191,7 @@ def analyze(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: t
     accept = [r.accept_length for r in spec if r.accept_length and r.concurrency in common]
     tau = sum(accept) / len(accept) if accept else None
     model = fit_cost_model(base_runs, spec_runs, common, tau)
-    steps = _spec_steps(spec)
+    steps = spec_steps(spec)
     if note := deeper_steps_note(levels, steps):
         warnings.append(note)
     reported = {speculation_reported(r)[0] for r in spec}
@@ -468,7 +468,7 @@ def fit_cost_model(
     return CostModel(base.intercept, base.slope, spec.intercept, spec.slope, tau, base.r2, spec.r2, predicted, message)
 
 
-def _spec_steps(records: Sequence[LevelSummary]) -> int | None:
+def spec_steps(records: Sequence[LevelSummary]) -> int | None:
     for r in records:
         server = r.meta.get("server")
         if isinstance(server, Mapping) and isinstance(server.get("speculative_num_steps"), int):

@@ -17,11 +17,14 @@ import contextlib
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from sm120check import argtypes
+from sm120check.bench import tiers
 from sm120check.bench.crossover import (
     METRICS,
     X_AXES,
@@ -30,6 +33,7 @@ from sm120check.bench.crossover import (
     ZeroStep,
     analyze,
     analyze_mode,
+    spec_steps,
     zero_step,
 )
 from sm120check.bench.crossover_report import SweepFacts, render_json, render_text, role_problem, sweep_facts
@@ -50,10 +54,14 @@ from sm120check.bench.policy import (
     vllm_config,
     vllm_file,
 )
-from sm120check.bench.records import RecordError, read_jsonl
+from sm120check.bench.records import LevelSummary, RecordError, read_jsonl
+from sm120check.bench.tiers import TierError, TierPlan
 from sm120check.console import write_stdout
 from sm120check.exitcodes import Exit
 from sm120check.safetext import terminal_text
+from sm120check.sglang import plain_decode
+from sm120check.sglang.errors import SglangError
+from sm120check.sglang.tree import SourceTree, find_installed, resolve_source
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -113,6 +121,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="JSONL from `bench` against the speculative SGLang server held at 0 draft steps (started with "
         f"--speculative-adaptive-config {ZERO_STEP_FILE}, which --write-policies writes): the SGLang file gets a "
         "0-step slot only from where this sweep overtakes full speculation (a 0-step slot is not the plain server)",
+    )
+    p.add_argument(
+        "--more-spec",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="SWEEP",
+        help="another speculative sweep at another draft depth (repeatable): tiers from the measured winner per "
+        "level, in sglang-tiers.json and sglang-static-launch.json with --write-policies",
+    )
+    p.add_argument(
+        "--sglang-source",
+        metavar="DIR",
+        help="the SGLang tree the servers ran (default: the installed one): its patch state says whether it has "
+        "the speculation switch (sglang patch --plain-decode), which alone allows a plain tier",
     )
     p.add_argument("--write-policies", type=Path, metavar="DIR", help="write the policy files into DIR")
     p.add_argument("--force", action="store_true", help="replace policy files already in the --write-policies DIR")
@@ -218,6 +241,13 @@ def handle(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         reason = str(exc).removeprefix("no policy: ")
 
+    plan: TierPlan | None = None
+    if getattr(args, "more_spec", None) or getattr(args, "sglang_source", None):
+        try:
+            plan, launch = _tiers(args, base, spec)
+        except (RecordError, TierError, SglangError) as exc:
+            print(f"sm120check crossover: {terminal_text(exc)}", file=sys.stderr)
+            return Exit.USAGE
     facts = sweep_facts(base, spec)
     png: Path | None = args.png
     if png is None and args.write_policies and not getattr(args, "no_png", False) and policies is not None:
@@ -230,17 +260,77 @@ def handle(args: argparse.Namespace) -> int:
     else:  # the records' text made inert
         verbose = getattr(args, "verbose", False)
         text = terminal_text(render_text(analysis, names, policies, reason, files, verbose=verbose))
+    if plan is not None:
+        if args.format == "json":
+            text = json.dumps({**json.loads(text), "tiers": tiers.to_json(plan, launch)}, indent=2)
+        else:
+            text += "\n" + terminal_text("\n".join(tiers.render_lines(plan, launch)))
     if problem := write_stdout(text + "\n"):  # a reader gone is no error
         print(f"sm120check crossover: {problem}", file=sys.stderr)
         status = Exit.USAGE
     if args.write_policies:
         status = max(status, _write_policies(args.write_policies, policies, reason, analysis.crossover.value))
+        if plan is not None:
+            status = max(status, _write_tiers(args.write_policies, plan, launch))
     if png is not None:
         status = max(status, _write_png(analysis, png, facts))
     return status
 
 
 PNG_FILE = "crossover.png"
+
+
+def _switch(args: argparse.Namespace) -> bool:
+    """Whether the servers' SGLang tree has the speculation switch, from its source (never guessed: no tree, no
+    switch)."""
+    source = getattr(args, "sglang_source", None)
+    root = resolve_source(source) if source else find_installed()
+    if root is None:
+        return False
+    tree = SourceTree(root)
+    path = plain_decode.PATH
+    return plain_decode.survey(tree.read(path) if tree.exists(path) else None, tree.version).applied
+
+
+def _curve(records: Sequence[LevelSummary], name: str) -> tiers.Sweep:
+    steps = spec_steps(records)
+    if steps is None:
+        raise TierError(
+            f"{name}: its records do not say the server's draft steps (bench records them from SGLang's "
+            "/server_info); bench it again against the running server"
+        )
+    by_level: dict[int, list[float]] = {}
+    for r in records:
+        if r.requests > 0 and not r.errors:
+            by_level.setdefault(r.concurrency, []).append(r.throughput_tok_s)
+    return tiers.Sweep(name, steps, {c: statistics.median(v) for c, v in by_level.items()})
+
+
+def _tiers(
+    args: argparse.Namespace, base: Sequence[LevelSummary], spec: Sequence[LevelSummary]
+) -> tuple[TierPlan, tiers.StaticLaunch | None]:
+    plain = {r.concurrency: r.throughput_tok_s for r in base if r.requests > 0 and not r.errors}
+    sweeps = [tiers.Sweep(str(args.base), tiers.PLAIN, plain), _curve(spec, str(args.spec))]
+    sweeps += [_curve(read_jsonl(path), str(path)) for path in args.more_spec]
+    plan = tiers.plan(sweeps, switch=_switch(args))
+    try:
+        launch: tiers.StaticLaunch | None = tiers.static_launch(plan)
+    except TierError:
+        launch = None
+    return plan, launch
+
+
+def _write_tiers(directory: Path, plan: TierPlan, launch: tiers.StaticLaunch | None) -> Exit:
+    files: dict[str, object] = {tiers.TIERS_FILE: tiers.sglang_config(plan)}
+    if launch is not None:
+        files[tiers.STATIC_FILE] = tiers.static_json(launch)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_texts(directory, {name: json.dumps(data, indent=2) + "\n" for name, data in files.items()})
+    except OSError as exc:
+        print(f"sm120check crossover: --write-policies {directory}: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    return Exit.OK
 
 
 def _write_policies(directory: Path, policies: Policies | None, reason: str, crossover: float | None) -> Exit:
@@ -299,6 +389,16 @@ def write_policy_files(directory: Path, policies: Policies) -> list[str]:
         trtllm_file(policies): trtllm_yaml(policies),
         ROUTER_FILE: json.dumps(policies.router, indent=2) + "\n",
     }
+    _write_texts(directory, texts)
+    for stale in (*VLLM_FILES, *TRTLLM_FILES):
+        if stale not in texts:
+            with contextlib.suppress(FileNotFoundError):
+                (directory / stale).unlink()
+    return list(texts)
+
+
+def _write_texts(directory: Path, texts: dict[str, str]) -> None:
+    """Each file atomically: a temporary file in DIR, then a rename. Raises OSError."""
     for name, text in texts.items():
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
         try:
@@ -310,8 +410,3 @@ def write_policy_files(directory: Path, policies: Policies) -> list[str]:
             with contextlib.suppress(OSError):
                 Path(tmp).unlink()
             raise
-    for stale in (*VLLM_FILES, *TRTLLM_FILES):
-        if stale not in texts:
-            with contextlib.suppress(FileNotFoundError):
-                (directory / stale).unlink()
-    return list(texts)

@@ -54,12 +54,9 @@ class TierPlan:
     @property
     def plain_from(self) -> int | None:
         """The first level from which the plain decode wins at every higher level (None: it never does)."""
-        start = None
+        start: int | None = None
         for lv in self.levels:
-            if lv.steps == PLAIN:
-                start = lv.level if start is None else start
-            else:
-                start = None
+            start = (lv.level if start is None else start) if lv.steps == PLAIN else None
         return start
 
 
@@ -147,3 +144,58 @@ def static_launch(p: TierPlan) -> StaticLaunch:
 def launched(steps: int, plain_from: int | None, level: int) -> int:
     """The steps a static launch runs at a level (batch size): plain from the threshold on."""
     return PLAIN if plain_from is not None and level >= plain_from else steps
+
+
+TIERS_FILE = "sglang-tiers.json"  # the adaptive file of one-candidate slots
+STATIC_FILE = "sglang-static-launch.json"  # the static launch with the switch's threshold
+
+
+def static_json(launch: StaticLaunch) -> dict[str, object]:
+    """What a user sets: the static draft depth (sglang_server_speculative_num_steps) and the switch's threshold
+    (sglang_server_plain_decode_min_bs, the unit's SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS)."""
+    env = {"SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS": str(launch.plain_from)} if launch.plain_from else {}
+    return {
+        "speculative_num_steps": launch.steps,
+        "speculative_num_draft_tokens": launch.steps + 1,
+        "environment": env,
+        "levels_not_realised": list(launch.lost),
+    }
+
+
+def render_lines(p: TierPlan, launch: StaticLaunch | None) -> list[str]:
+    winners = ", ".join(f"C={lv.level}: {'plain' if lv.steps == PLAIN else f'{lv.steps} steps'}" for lv in p.levels)
+    lines = [f"tiers (measured winner per level): {winners}"]
+    lines.append(
+        "  SGLang adaptive file: "
+        + ", ".join(f"from batch {t.start}: [{t.steps}]" for t in p.tiers)
+        + ("" if p.switch else " (no plain tier: this SGLang has no speculation switch)")
+    )
+    if launch is not None:
+        where = f"plain decode from batch {launch.plain_from}" if launch.plain_from else "no plain tier"
+        lost = f"; not realised at C={', '.join(map(str, launch.lost))}" if launch.lost else ""
+        lines.append(f"  static launch: {launch.steps} steps, {where}{lost}")
+    lines += [f"  note: {n}" for n in p.notes]
+    return lines
+
+
+def to_json(p: TierPlan, launch: StaticLaunch | None) -> dict[str, object]:
+    return {
+        "switch": p.switch,
+        "levels": [
+            {
+                "level": lv.level,
+                "steps": lv.steps,
+                "tok_s": lv.tok_s,
+                "measured": {str(k): v for k, v in lv.measured.items()},
+            }
+            for lv in p.levels
+        ],
+        "tiers": [{"start": t.start, "steps": t.steps} for t in p.tiers],
+        "sglang_config": sglang_config(p),
+        "static_launch": static_json(launch) if launch is not None else None,
+        "notes": list(p.notes),
+    }
+
+
+def _str_keys(measured: Mapping[int, float]) -> dict[str, float]:
+    return {str(k): v for k, v in measured.items()}
