@@ -1,0 +1,124 @@
+"""The tier builder (sm120check.bench.tiers, `crossover --more-spec`) on the real SGLang 0.5.16 sweeps of the H200
+(tests/fixtures/bench/h200-sglang-0.5.16-run2-*: base and EAGLE-3 at 3 steps over C=1-250, EAGLE-3 at 7 steps over
+C=1-5), and on trees with and without the speculation switch (the real 0.5.23 wheel, patched with --plain-decode)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lab.sglang_releases import release_dir, run_cli
+from sm120check.bench import tiers
+from sm120check.bench.records import read_jsonl
+from sm120check.cli import main
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
+BASE = FIXTURES / "h200-sglang-0.5.16-run2-base.jsonl"
+SPEC = FIXTURES / "h200-sglang-0.5.16-run2-spec.jsonl"
+SPEC7 = FIXTURES / "h200-sglang-0.5.16-run2-spec-7.jsonl"
+
+
+def sweep(path: Path, steps: int) -> tiers.Sweep:
+    return tiers.Sweep(path.name, steps, {r.concurrency: r.throughput_tok_s for r in read_jsonl(path)})
+
+
+def real() -> list[tiers.Sweep]:
+    return [sweep(BASE, 0), sweep(SPEC, 3), sweep(SPEC7, 7)]
+
+
+def test_the_winner_at_each_level_is_the_measured_best() -> None:
+    plan = tiers.plan(real(), switch=True)
+    winners = {lv.level: lv.steps for lv in plan.levels}
+    # 7 steps measured at C=1-5 only and won there; 3 steps at 10 and 30; the plain server from 70 to 100
+    assert winners[1] == winners[2] == winners[5] == 7
+    assert winners[10] == 3
+    assert winners[70] == winners[100] == 0
+    for lv in plan.levels:
+        assert lv.tok_s == max(lv.measured.values())
+        assert 7 not in lv.measured or lv.level <= 5  # steps only where a sweep measured them
+
+
+def test_without_the_switch_no_plain_tier_and_the_reason() -> None:
+    plan = tiers.plan(real(), switch=False)
+    assert all(lv.steps != tiers.PLAIN for lv in plan.levels)
+    assert all(t.steps != tiers.PLAIN for t in plan.tiers)
+    assert any("no speculation switch" in n for n in plan.notes)
+    assert tiers.static_launch(plan).plain_from is None
+
+
+def test_sglang_file_has_one_candidate_slots_from_batch_1() -> None:
+    config = tiers.sglang_config(tiers.plan(real(), switch=True))
+    assert next(iter(config)) == "1"
+    assert all(len(slot["candidate_steps"]) == 1 for slot in config.values())
+    assert config["1"] == {"candidate_steps": [7]}
+
+
+def test_static_launch_names_the_levels_it_cannot_realise() -> None:
+    plan = tiers.plan(real(), switch=True)
+    launch = tiers.static_launch(plan)
+    assert launch.steps == 7
+    assert launch.plain_from == plan.plain_from
+    for lv in plan.levels:
+        if tiers.launched(launch.steps, launch.plain_from, lv.level) != lv.steps:
+            assert lv.level in launch.lost
+
+
+@pytest.mark.parametrize(
+    ("sweeps", "message"),
+    [
+        ([tiers.Sweep("a", 3, {1: 1.0})], "one plain"),
+        ([tiers.Sweep("b", 0, {1: 1.0}), tiers.Sweep("s", 3, {1: 1.0}), tiers.Sweep("t", 3, {1: 2.0})], "both"),
+        ([tiers.Sweep("b", 0, {1: 1.0}), tiers.Sweep("s", -1, {1: 1.0})], "draft steps -1"),
+        ([tiers.Sweep("b", 0, {1: float("nan")}), tiers.Sweep("s", 3, {1: 1.0})], "no usable throughput"),
+    ],
+)
+def test_sweeps_that_cannot_combine_are_refused(sweeps: list[tiers.Sweep], message: str) -> None:
+    with pytest.raises(tiers.TierError, match=message):
+        tiers.plan(sweeps, switch=True)
+
+
+def _switched_tree(tmp_path: Path, switch: bool) -> Path:
+    tree = tmp_path / "sglang"
+    shutil.copytree(release_dir("0.5.23") / "sglang", tree)
+    if switch:
+        args = ("--cc", "12.0", "--flashinfer-version", "0.7.2", "--plain-decode", "--json")
+        assert run_cli("patch", "--source", str(tree), *args)[0] == 0
+    return tree
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("switch", [True, False])
+def test_crossover_more_spec_writes_tiers_from_the_trees_patch_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], switch: bool
+) -> None:
+    tree = _switched_tree(tmp_path, switch)
+    out = tmp_path / "policies"
+    args = ["crossover", str(BASE), str(SPEC), "--more-spec", str(SPEC7), "--sglang-source", str(tree)]
+    status = main([*args, "--write-policies", str(out), "--no-png", "--format", "json"])
+    assert status == 0
+    report = json.loads(capsys.readouterr().out)["tiers"]
+    assert report["switch"] is switch
+    config = json.loads((out / tiers.TIERS_FILE).read_text())
+    static = json.loads((out / tiers.STATIC_FILE).read_text())
+    assert config == report["sglang_config"]
+    assert static["speculative_num_steps"] == 7
+    has_plain = any(slot["candidate_steps"] == [0] for slot in config.values())
+    assert has_plain is switch
+    assert ("SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS" in static["environment"]) is switch
+    assert oct((out / tiers.TIERS_FILE).stat().st_mode & 0o777) == "0o644"
+
+
+def test_crossover_more_spec_refuses_a_sweep_without_its_draft_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = tmp_path / "bare.jsonl"
+    rows = [json.loads(line) for line in SPEC7.read_text().splitlines() if line.strip()]
+    for row in rows:
+        row.pop("server", None)
+    bare.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    status = main(["crossover", str(BASE), str(SPEC), "--more-spec", str(bare), "--sglang-source", str(tmp_path)])
+    assert status == 2
+    assert "draft steps" in capsys.readouterr().err
