@@ -141,3 +141,20 @@ def test_counts_read_the_last_record_of_a_log() -> None:
     assert plain_decode.counts(lines[:1]) is None
     hostile = f'{plain_decode.LOG_PREFIX}{{"decode_batches": 1, "plain": {{"x": -1}}, "speculative": {{}}}}'
     assert plain_decode.counts([hostile]) is None
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_the_upstream_patch_file_is_the_switch_and_git_applies_it(tmp_path: Path, version: str) -> None:
+    """docs/patches/sglang-VERSION-plain-decode.patch: what the patcher adds, accepted by `git apply` on the release."""
+    import subprocess
+
+    committed = Path(__file__).resolve().parents[2] / "docs" / "patches" / f"sglang-{version}-plain-decode.patch"
+    original = _worker(release_dir(version) / "sglang")
+    assert committed.read_text(encoding="utf-8") == plain_decode.upstream_diff(original, version)
+    tree = _copy(tmp_path, version)
+    subprocess.run(["git", "init", "-q"], cwd=tree.parent, check=True, timeout=60)
+    run = subprocess.run(
+        ["git", "apply", str(committed)], cwd=tree.parent, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert _worker(tree) == plain_decode.add_switch(original, version)
