@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from sm120check.bench.engines import scrape_metrics
-from sm120check.bench.http import Endpoint
+from sm120check.bench.http import Endpoint, HttpError
 
 GENERATION_COUNTERS = {
     "sglang": "sglang:generation_tokens_total",
@@ -142,6 +142,7 @@ class CounterSampler:
         self.trace = CounterTrace(name)
         self._endpoint, self._headers, self._timeout = endpoint, headers, timeout
         self._task: asyncio.Task[None] | None = None
+        self.failure: HttpError | None = None  # the last read, after the level, failed (a stall, a dead server)
 
     async def _read(self) -> None:
         scrape = await scrape_metrics(self._endpoint, self._headers, self._timeout)
@@ -165,4 +166,7 @@ class CounterSampler:
             # a read that failed as it was cancelled changes nothing
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        await self._read()  # the level's last releases
+        try:  # the level's last releases; the level is measured whatever this read does
+            await self._read()
+        except HttpError as exc:
+            self.failure = exc
