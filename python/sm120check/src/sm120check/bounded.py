@@ -1,4 +1,5 @@
-"""Read a file anyone may have planted: bounded before it is read, regular files only, never blocking.
+"""Read a file anyone may have planted: bounded before it is read, regular files only, never blocking; run a
+command with its output bounded; write a file atomically, never through a planted link, under a lock.
 
 Every whole-file read of the tools goes through here (the manifest, bench's prompt files and datasets, crossover's
 JSONL, verify-launch's log and launch command, fleet node files, sysfs and fact files, JIT stamps). A FIFO opened
@@ -16,8 +17,9 @@ import os
 import signal
 import stat
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +73,7 @@ def open_regular(path: Path, follow: bool = True) -> int:
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow:
             raise Unreadable(f"{path}: is a symbolic link, not followed here") from None
-        if exc.errno == errno.ENOENT:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):  # no file there (or a file where a directory should be)
             raise Missing(f"{path}: {exc.strerror}") from None
         if exc.errno == errno.ENXIO:  # a socket, or a FIFO without a writer on some systems
             raise Unreadable(f"{path}: not a regular file") from None
@@ -275,3 +277,64 @@ def command_output(argv: Sequence[str], limit: int, timeout: float, keep_newest:
     if got.stopped:
         return Output(0, got.stdout, True, message)  # stopped by us once it had written enough: not a failure
     return Output(code, got.stdout, got.cut, message, got.timed_out)
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """Replace the file at `path` (the file a link there leads to) with `data`, atomically: a new temporary file
+    beside it (mkstemp: O_EXCL, so a link planted at any name is never written through), flushed, given the old
+    file's mode (and owner, where this user may), then renamed over it. A reader sees the old file or the new one;
+    on any error the temporary file is removed and the old file is left as it was. Returns the path written."""
+    target = Path(os.path.realpath(path))
+    try:
+        old: os.stat_result | None = target.stat()
+    except FileNotFoundError:
+        old = None
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+            if old is not None:
+                os.fchmod(handle.fileno(), stat.S_IMODE(old.st_mode))
+                if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+                    with contextlib.suppress(PermissionError):
+                        os.fchown(handle.fileno(), old.st_uid, old.st_gid)
+            else:
+                mask = os.umask(0)
+                os.umask(mask)
+                os.fchmod(handle.fileno(), 0o666 & ~mask)
+        Path(name).replace(target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            Path(name).unlink()
+        raise
+    return target
+
+
+@contextlib.contextmanager
+def locked(path: Path, wait: float = 600.0, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock for `path` (fcntl.flock on `.NAME.lock` beside it, opened without following a link),
+    so two writers of one file take turns. `waiting()` is called once when another holder makes this one wait;
+    OSError (a read-only directory, a planted link, `wait` seconds passed) when the lock cannot be had."""
+    import fcntl
+
+    lock = path.with_name(f".{path.name}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + wait
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(errno.ETIMEDOUT, f"another run held {lock} for {wait:.0f} s") from None
+                if waiting is not None and not told:
+                    waiting()
+                    told = True
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
