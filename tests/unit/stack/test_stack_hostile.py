@@ -389,3 +389,35 @@ def test_a_file_changed_under_the_plan_is_not_written(tmp_path: Path, stack: Pat
         stackfile.write(stack, before, after)
     assert str(refused.value).startswith(f"{stack} changed while the plan ran")
     assert stack.read_text() == edited
+
+
+def _chattr(flag: str, path: Path) -> bool:
+    try:
+        return subprocess.run(["chattr", flag, str(path)], capture_output=True, timeout=10, check=False).returncode == 0
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("immutable", ["directory", "file"])
+def test_write_that_cannot_replace_the_file_is_a_clear_error_and_leaves_nothing(
+    tmp_path: Path, cache: Path, immutable: str
+) -> None:
+    directory = tmp_path / "rod"
+    directory.mkdir()
+    stack = directory / "stack.yml"
+    stack.write_text(STACK)
+    (directory / ".stack.yml.lock").write_text("")
+    locked = directory if immutable == "directory" else stack
+    if not _chattr("+i", locked):
+        pytest.skip("chattr +i is not allowed here")
+    try:  # was an OSError or PermissionError traceback after the plan, and a .stack.yml.partial left behind
+        code, _, err = _write(stack, wheelhouse(tmp_path), "alpha=2.0")
+    finally:
+        _chattr("-i", locked)
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith(f"sm120check stack plan: cannot write {stack}: ")
+    assert err.endswith(
+        "nothing was written - make the file and its directory writable, or write the plan's values by hand\n"
+    )
+    assert stack.read_text() == STACK
+    assert sorted(p.name for p in directory.iterdir()) == [".stack.yml.lock", "stack.yml"]
