@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -173,6 +174,8 @@ def handle(args: argparse.Namespace) -> int:
         analysis = analyze(read_jsonl(args.base), spec, names)
         if getattr(args, "zero_step", None) is not None:
             zero = zero_step(read_jsonl(args.zero_step), spec, (str(args.zero_step), names[1]))
+            said = tuple(f"--zero-step: {w}" for w in zero.warnings)
+            analysis = dataclasses.replace(analysis, warnings=(*analysis.warnings, *said))
     except RecordError as exc:
         print(f"sm120check crossover: {terminal_text(exc)}", file=sys.stderr)
         return Exit.USAGE
