@@ -77,3 +77,10 @@ def test_a_schema_keyword_the_reader_does_not_implement_is_an_error() -> None:
     hacked["properties"]["written_at"]["format"] = "date-time"
     with pytest.raises(RuntimeError, match="format"):
         strict_schema.validate(strict_schema.Schema("hacked.json", 1, hacked), GOOD)
+
+
+def test_a_fact_file_with_a_5000_digit_integer_is_unusable_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "pcie_p2p.json"
+    path.write_text('{"schema": ' + "9" * 5000 + "}", encoding="utf-8")  # was a ValueError traceback in two checks
+    read = fact_file.read(path)
+    assert read.fact is None and read.error.startswith(f"{path}: not JSON (Exceeds the limit")

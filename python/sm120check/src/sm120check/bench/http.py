@@ -150,7 +150,7 @@ class Response:
         body = await self.read()
         try:
             return json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise HttpError(f"response is not JSON: {body[:200]!r}") from None
 
 

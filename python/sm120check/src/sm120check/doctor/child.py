@@ -268,7 +268,7 @@ def _last_json(out: str) -> dict[str, object] | None:
         if line.startswith("{"):
             try:
                 value = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 return None
             return value if isinstance(value, dict) else None
     return None

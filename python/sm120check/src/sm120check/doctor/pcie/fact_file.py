@@ -134,7 +134,7 @@ def read(path: Path = DEFAULT_PATH) -> FactRead:
         return FactRead(str(path), error=str(exc))
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, an integer over 4300 digits
         return FactRead(str(path), error=f"{path}: not JSON ({exc})"[:300])
     try:
         return FactRead(str(path), PcieP2pFact.from_json(data))
