@@ -421,3 +421,30 @@ def test_write_that_cannot_replace_the_file_is_a_clear_error_and_leaves_nothing(
     )
     assert stack.read_text() == STACK
     assert sorted(p.name for p in directory.iterdir()) == [".stack.yml.lock", "stack.yml"]
+
+
+@pytest.mark.timeout(60)
+def test_pip_and_its_helpers_are_killed_at_the_timeout(
+    tmp_path: Path, stack: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = fake_pip(tmp_path)
+    pidfile = tmp_path / "helper.pid"
+    (root / "pip" / "__main__.py").write_text(
+        "import subprocess, sys, time\n"
+        "helper = subprocess.Popen(['sleep', '991'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(helper.pid))\n"
+        "while True: sys.stdout.write('Collecting ' * 1000); time.sleep(0.01)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    code, out, _ = _resolve(stack, wheelhouse(tmp_path), "--timeout", "3")  # pip's children outlived it (PR7)
+    assert code == 0 and "pip did not finish within 3 s (preflight_resolve_timeout)" in out
+    helper = int(pidfile.read_text())
+    for _ in range(100):  # reaped by init once killed: bounded wait for the kernel to report it gone
+        try:
+            if Path(f"/proc/{helper}/stat").read_text().split()[2] == "Z":
+                break
+        except FileNotFoundError:
+            break
+        subprocess.run(["sleep", "0.05"], check=False)
+    else:
+        pytest.fail(f"pip's helper {helper} outlived the timeout")

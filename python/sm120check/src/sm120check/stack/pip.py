@@ -10,9 +10,11 @@ find-links and certificates are.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,6 +90,36 @@ def _words(text: str) -> str:
     return "\n".join(lines).strip()
 
 
+MAX_WORDS = 1 << 20  # the newest bytes of pip's stdout and of its stderr kept (its verdict is at the end)
+
+
+def _run_bounded(cmd: Sequence[str], timeout: float) -> tuple[int | None, str, str]:
+    """Run pip in its own process group, its output bounded (bounded.capture); at the timeout the whole group is
+    killed (pip's build helpers with it) and the status is None."""
+    proc = subprocess.Popen(
+        list(cmd),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_environment(),
+        start_new_session=True,
+    )
+
+    def kill() -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    try:
+        got = bounded.capture(proc, MAX_WORDS, timeout, kill, keep_newest=True, err_limit=MAX_WORDS)
+        code = proc.wait()
+    finally:
+        kill()  # helpers pip left behind
+        if proc.poll() is None:
+            proc.wait()
+    out, err = (data.decode("utf-8", "replace") for data in (got.stdout, got.stderr))
+    return (None if got.timed_out else code), out, err
+
+
 def run(
     requirements: Sequence[str], target: Target, sources: Sources, *, deps: bool, timeout: float = DEFAULT_TIMEOUT
 ) -> PipRun:
@@ -97,19 +129,12 @@ def run(
         report = Path(scratch) / "report.json"
         cmd = _command(requirements, target, sources, deps=deps, report=report, where=Path(scratch) / "target")
         try:
-            done = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-                env=_environment(),
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            raise PipUnavailable(f"pip did not finish within {timeout:.0f} s (preflight_resolve_timeout)") from None
+            code, out, err = _run_bounded(cmd, timeout)
         except OSError as exc:
             raise PipUnavailable(f"{sys.executable} could not run pip: {exc}") from None
+        if code is None:
+            raise PipUnavailable(f"pip did not finish within {timeout:.0f} s (preflight_resolve_timeout)")
+        done = subprocess.CompletedProcess(cmd, code, out, err)
         words = _words(done.stderr + "\n" + done.stdout)
         if done.returncode != 0 and "No module named pip" in words:
             raise PipUnavailable(f"{sys.executable} has no pip (install it, or run from a venv that has one)")
