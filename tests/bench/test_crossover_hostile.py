@@ -6,6 +6,8 @@ without --force."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -215,3 +217,27 @@ def test_zero_step_refuses_a_sweep_of_another_server_naming_both(
     assert "mixes sweeps of different servers (/models/m at http://127.0.0.1:30000; /models/other at" in (
         capsys.readouterr().err
     )
+
+
+# --- probe 3 minor XZ11: the policy files are readable by the server's user, and never written through a link ---
+
+
+def test_policy_files_get_the_umasks_mode_and_replace_a_planted_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, spec = _policy_sweeps(tmp_path)
+    out = tmp_path / "pol"
+    out.mkdir()
+    victim = tmp_path / "victim.json"
+    victim.write_text("ORIGINAL\n")
+    (out / "router-rule.json").symlink_to(victim)
+    old = os.umask(0o022)
+    try:
+        argv = ("--steps", "3", "--write-policies", str(out), "--force")
+        assert run_subcommand("crossover", str(base), str(spec), *argv) == 0
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    assert victim.read_text() == "ORIGINAL\n" and not (out / "router-rule.json").is_symlink()
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert set(modes.values()) == {0o644}, modes  # were 0600: a server run as another user could not read them

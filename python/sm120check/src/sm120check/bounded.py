@@ -279,16 +279,20 @@ def command_output(argv: Sequence[str], limit: int, timeout: float, keep_newest:
     return Output(code, got.stdout, got.cut, message, got.timed_out)
 
 
-def write_atomic(path: Path, data: bytes) -> Path:
-    """Replace the file at `path` (the file a link there leads to) with `data`, atomically: a new temporary file
-    beside it (mkstemp: O_EXCL, so a link planted at any name is never written through), flushed, given the old
-    file's mode (and owner, where this user may), then renamed over it. A reader sees the old file or the new one;
-    on any error the temporary file is removed and the old file is left as it was. Returns the path written."""
-    target = Path(os.path.realpath(path))
+def write_atomic(path: Path, data: bytes, follow: bool = False) -> Path:
+    """Replace the file at `path` with `data`, atomically: a new temporary file beside it (mkstemp: O_EXCL, so a
+    link planted at any name is never written through), flushed, given the old file's mode (and owner, where this
+    user may; a new file: 0666 less the umask), then renamed over it. A link at `path` is replaced, or with `follow`
+    (a user's own file, such as a symlinked stack.yml) the file it leads to is. A reader sees the old file or the
+    new one; on any error the temporary file is removed and the old file is left as it was. Returns the path
+    written."""
+    target = Path(os.path.realpath(path)) if follow else path
     try:
-        old: os.stat_result | None = target.stat()
+        old: os.stat_result | None = target.lstat()
     except FileNotFoundError:
         old = None
+    if old is not None and not stat.S_ISREG(old.st_mode):
+        old = None  # a link (not followed) or something else: replaced, its mode not copied
     fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:

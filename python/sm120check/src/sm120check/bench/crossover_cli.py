@@ -15,10 +15,9 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-from sm120check import argtypes
+from sm120check import argtypes, bounded
 from sm120check.bench.crossover import METRICS, X_AXES, Analysis, ZeroStep, analyze, analyze_mode, zero_step
 from sm120check.bench.crossover_report import render_json, render_text
 from sm120check.bench.plot import PlotUnavailable, write_png
@@ -257,15 +256,7 @@ def write_policy_files(directory: Path, policies: Policies) -> list[str]:
         ROUTER_FILE: json.dumps(policies.router, indent=2) + "\n",
     }
     for name, text in texts.items():
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            Path(tmp).replace(directory / name)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                Path(tmp).unlink()
-            raise
+        bounded.write_atomic(directory / name, text.encode("utf-8"))  # a link planted at the name is replaced
     for stale in (*VLLM_FILES, *TRTLLM_FILES):
         if stale not in texts:
             with contextlib.suppress(FileNotFoundError):

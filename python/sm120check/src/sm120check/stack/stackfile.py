@@ -297,7 +297,7 @@ def write(path: Path, before: Stack, after: Stack) -> list[Edit]:
     if _stringify(_safe_load(new_text)) != _stringify(_expected(parse(path, text), changes)):
         raise StackFileError(f"{path}: the edited file would not read back as planned; nothing was written")
     try:
-        bounded.write_atomic(path, new_text.encode("utf-8"))
+        bounded.write_atomic(path, new_text.encode("utf-8"), follow=True)
     except OSError as exc:
         where = exc.filename or path
         raise StackFileError(
