@@ -20,11 +20,13 @@ class Hostile:
     """What the server does. `generate`: "ok" (a 3-token answer), "reset" (two events, then a TCP reset),
     "stall" (one event, then silence with the connection held), "fail" (HTTP 500). `metrics_ok`: /metrics answers
     this many scrapes, then stalls (None: always answers). `die_after`: after this many answered /generate
-    requests the server closes its port and resets every open connection (None: never)."""
+    requests the server closes its port and resets every open connection (None: never). `delay`: seconds an "ok"
+    answer waits before its events."""
 
     generate: str = "ok"
     metrics_ok: int | None = None
     die_after: int | None = None
+    delay: float = 0.0  # seconds before an "ok" answer's events
     url: str = ""
     posts: int = 0
     scrapes: int = 0
@@ -95,6 +97,7 @@ def _serve_one(state: Hostile, sock: socket.socket, live: set[socket.socket]) ->
             return
         sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
         if state.generate == "ok":
+            state.release.wait(state.delay)
             sock.sendall(_event(1) + _event(2) + _event(3, last=True) + b"data: [DONE]\n\n")
             if state.die_after is not None and posts >= state.die_after:
                 state.dead.set()

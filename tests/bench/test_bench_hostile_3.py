@@ -103,3 +103,28 @@ def test_min_lifetimes_does_not_stretch_a_window_of_failing_requests(
     [record] = _records(out)
     assert "no_numbers" in record["flags"]
     assert record["window_s"] <= 1.5  # the asked second, not stretched
+
+
+@pytest.mark.timeout(60)
+def test_min_lifetimes_capped_by_the_level_timeout_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "o.jsonl"
+    with hostile_server(Hostile(delay=0.05)) as server:  # was silent (probe 3 BL8)
+        code = _bench(
+            server.url,
+            out,
+            "--concurrency",
+            "1",
+            "--duration",
+            "1",
+            "--min-lifetimes",
+            "1000",
+            "--level-timeout",
+            "3",
+        )
+    capsys.readouterr()
+    assert code == 0
+    [record] = _records(out)
+    assert any(
+        w.startswith("the steady window at C=1 spans ") and "short of --min-lifetimes 1000: --level-timeout 3 s" in w
+        for w in record["warnings"]
+    )

@@ -431,6 +431,13 @@ async def _sweep(
                 records, t0, t1, timed_out = await run_level(endpoint, api, plan, make_spec, headers, say)
             ended = datetime.datetime.now(datetime.timezone.utc)
             summary = summarize(c, records, t0, t1, timed_out)
+            spanned = summary.window_lifetimes
+            if plan.min_lifetimes is not None and spanned is not None and spanned < plan.min_lifetimes:
+                short = (
+                    f"the steady window at C={c} spans {spanned:.1f} request lifetimes, short of --min-lifetimes "
+                    f"{plan.min_lifetimes:g}: --level-timeout {plan.level_timeout:g} s capped it; raise --level-timeout"
+                )
+                summary = replace(summary, warnings=(*summary.warnings, short))
             if sampler is not None:
                 window = judge_window(sampler.trace, t0, t1, summary.throughput_tok_s, summary.window_lifetimes)
                 open_meta.update(window.to_meta())
