@@ -9,7 +9,7 @@ import json
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 _EVENT = {"text": " tok", "meta_info": {"completion_tokens": 1, "finish_reason": None}}
@@ -27,6 +27,7 @@ class Hostile:
     metrics_ok: int | None = None
     die_after: int | None = None
     delay: float = 0.0  # seconds before an "ok" answer's events
+    counter: Callable[[int], str] | None = None  # the counter's text at the Nth scrape (None: 3 tokens per answer)
     url: str = ""
     posts: int = 0
     scrapes: int = 0
@@ -87,7 +88,8 @@ def _serve_one(state: Hostile, sock: socket.socket, live: set[socket.socket]) ->
         if stall:
             state.release.wait(60)
             return
-        _send(sock, 200, "text/plain", f"sglang:generation_tokens_total {count}\n".encode())
+        said = state.counter(state.scrapes) if state.counter is not None else str(count)
+        _send(sock, 200, "text/plain", f"sglang:generation_tokens_total {said}\n".encode())
     elif method == "POST":
         with state.lock:
             state.posts += 1

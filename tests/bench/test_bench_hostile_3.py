@@ -6,6 +6,7 @@ window never grows against a server that fails every request."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,24 @@ def test_min_lifetimes_capped_by_the_level_timeout_says_so(tmp_path: Path, capsy
         w.startswith("the steady window at C=1 spans ") and "short of --min-lifetimes 1000: --level-timeout 3 s" in w
         for w in record["warnings"]
     )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("counter", "said"),
+    [
+        (lambda n: "NaN", "the server's own sglang:generation_tokens_total read nan during the level"),
+        (lambda n: str(10**6 - n), "the server's own sglang:generation_tokens_total went back from"),
+        (lambda n: "5", "the server's own sglang:generation_tokens_total did not grow over the steady window"),
+    ],
+)
+def test_a_lying_metrics_counter_is_said_not_recorded_silently(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], counter: Callable[[int], str], said: str
+) -> None:
+    out = tmp_path / "o.jsonl"
+    with hostile_server(Hostile(counter=counter)) as server:  # was null or 0.0 with no warning (probe 3 BH1-BH3, BH8)
+        code = _bench(server.url, out, "--concurrency", "1", "--duration", "1")
+    capsys.readouterr()
+    assert code == 0
+    [record] = _records(out)
+    assert any(w.startswith(said) for w in record["warnings"]), record["warnings"]
