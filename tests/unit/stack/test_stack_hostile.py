@@ -89,8 +89,8 @@ def test_a_yaml_alias_bomb_is_refused(tmp_path: Path, cache: Path, where: str) -
     code, _, err = stack_cli("plan", "--stack", str(path), "--set", "beta=2.0", "--write")
     assert code == 2
     assert err == (
-        f"sm120check stack plan: {path}: its YAML aliases expand to more than 100000 values; a stack manifest has a "
-        "few hundred: remove the anchors and aliases (&name, *name)\n"
+        f"sm120check stack plan: {path}: more than 100000 YAML values once its aliases are expanded; a stack manifest "
+        "has a few hundred: remove the anchors and aliases (&name, *name)\n"
     )
     assert path.read_text(encoding="utf-8") == BOMB + text
 

@@ -98,8 +98,8 @@ def parse(path: Path, text: str) -> dict[str, Any]:
         data = _safe_load(text)
     except _TooManyNodes:
         raise StackFileError(
-            f"{path}: its YAML aliases expand to more than {MAX_NODES} values; a stack manifest has a few hundred: "
-            "remove the anchors and aliases (&name, *name)"
+            f"{path}: more than {MAX_NODES} YAML values once its aliases are expanded; a stack manifest has a few "
+            "hundred: remove the anchors and aliases (&name, *name)"
         ) from None
     except RecursionError:
         raise StackFileError(f"{path}: nested too deeply to be a stack manifest") from None
