@@ -18,7 +18,8 @@ _EVENT = {"text": " tok", "meta_info": {"completion_tokens": 1, "finish_reason":
 @dataclass
 class Hostile:
     """What the server does. `generate`: "ok" (a 3-token answer), "reset" (two events, then a TCP reset),
-    "stall" (one event, then silence with the connection held), "fail" (HTTP 500). `metrics_ok`: /metrics answers
+    "stall" (one event, then silence with the connection held), "fail" (HTTP 500), "long-status" (a status line of
+    2 MiB with no end). `metrics_ok`: /metrics answers
     this many scrapes, then stalls (None: always answers). `die_after`: after this many answered /generate
     requests the server closes its port and resets every open connection (None: never). `delay`: seconds an "ok"
     answer waits before its events."""
@@ -94,6 +95,10 @@ def _serve_one(state: Hostile, sock: socket.socket, live: set[socket.socket]) ->
         with state.lock:
             state.posts += 1
             posts = state.posts
+        if state.generate == "long-status":
+            sock.sendall(b"HTTP/1.1 200 " + b"A" * (2 << 20))
+            state.release.wait(5)
+            return
         if state.generate == "fail":
             _send(sock, 500, "application/json", b'{"error": "every request fails here"}')
             return

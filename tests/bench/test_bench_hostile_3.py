@@ -150,3 +150,15 @@ def test_a_lying_metrics_counter_is_said_not_recorded_silently(
     assert code == 0
     [record] = _records(out)
     assert any(w.startswith(said) for w in record["warnings"]), record["warnings"]
+
+
+@pytest.mark.timeout(60)
+def test_a_status_line_past_the_readers_limit_is_each_requests_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o.jsonl"
+    with hostile_server(Hostile(generate="long-status")) as server:  # was a ValueError from the worker
+        code = _bench(server.url, out, "--concurrency", "1", "--requests-per-level", "2")
+    assert code == 1 and "Traceback" not in capsys.readouterr().err
+    [record] = _records(out)
+    assert record["error_samples"] == ["POST /generate: the response's status line is longer than 1 MiB"]

@@ -200,6 +200,9 @@ class Connection:
                 status_line = await self.reader.readline()
                 if not status_line:
                     raise ConnectionResetError("server closed the connection")
+            except ValueError:  # StreamReader's limit: a status line of more than 1 MiB
+                await self.close()
+                raise HttpError(f"{method} {path}: the response's status line is longer than 1 MiB") from None
             except (ConnectionError, OSError) as exc:
                 await self.close()
                 if fresh or attempt:  # a stale keep-alive connection gets one retry on a new socket
