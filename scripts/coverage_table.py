@@ -515,6 +515,19 @@ def check_sources(root: Path) -> None:
                 raise CoverageError(f"scripts/coverage_table.py: {row} runs {f}, which does not exist")
 
 
+def read_utf8(file: Path, shown: str) -> str:
+    """The file's text; CoverageError naming the line and the fix when it is not UTF-8."""
+    raw = file.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise CoverageError(
+            f"{shown}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); convert the file to UTF-8 "
+            "(e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8`)"
+        ) from None
+
+
 def read_records(root: Path, known_rows: Iterable[str]) -> list[Header]:
     rows = list(known_rows)
     headers: list[Header] = []
@@ -526,7 +539,7 @@ def read_records(root: Path, known_rows: Iterable[str]) -> list[Header]:
             raise CoverageError(f"{VALIDATION}/{d.name}: a record directory is named <YYYY-MM-DD>-<name>")
         if not (d / "README.md").is_file():
             raise CoverageError(f"{path}: missing (every record directory has a README.md with a header)")
-        header = parse_header((d / "README.md").read_text(encoding="utf-8"), path, rows)
+        header = parse_header(read_utf8(d / "README.md", path), path, rows)
         if header.date.date().isoformat() < match[1]:
             raise CoverageError(f"{path}: header field 'date': {header.date:%Y-%m-%d} is before the directory's date")
         check_dates(root, header)
@@ -627,7 +640,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     target = ROOT / TABLE
     if args.check:
-        current = target.read_text(encoding="utf-8") if target.exists() else ""
+        try:
+            current = read_utf8(target, TABLE) if target.exists() else ""
+        except CoverageError as exc:
+            print(f"coverage_table: {exc}", file=sys.stderr)
+            return 1
         if current != text:
             print(f"coverage_table: {TABLE} is stale: run scripts/coverage_table.py", file=sys.stderr)
             return 1

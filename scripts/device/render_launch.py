@@ -160,6 +160,19 @@ def variables(name: str, overrides: dict[str, object], work: Path) -> dict[str, 
     }
 
 
+def _write(path: Path, text: str) -> None:
+    """Atomically, via a new temporary file beside it (never through a link planted at the name: it is replaced)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        Path(tmp).chmod(0o644)
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def render_all(out: Path) -> list[Path]:
     """Every variant in one ansible-playbook run (one play each), copied into `out`."""
     out.mkdir(parents=True, exist_ok=True)
@@ -180,12 +193,12 @@ def render_all(out: Path) -> list[Path]:
         written = []
         for name in VARIANTS:
             text = (work / name / "launch-command.txt").read_text(encoding="utf-8")
-            (out / f"{name}.txt").write_text(text, encoding="utf-8")
+            _write(out / f"{name}.txt", text)
             unit_env = (work / name / "environment").read_text(encoding="utf-8")
-            (out / f"{name}.env").write_text(unit_env, encoding="utf-8")
+            _write(out / f"{name}.env", unit_env)
             written += [out / f"{name}.txt", out / f"{name}.env"]
         wait = (work / next(iter(VARIANTS)) / "wait.json").read_text(encoding="utf-8")
-        (out / "wait.json").write_text(wait.strip() + "\n", encoding="utf-8")
+        _write(out / "wait.json", wait.strip() + "\n")
         written.append(out / "wait.json")
     return written
 
@@ -194,7 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    for path in render_all(args.out):
+    try:
+        written = render_all(args.out)
+    except OSError as exc:  # --out is a file, or cannot be written
+        print(f"render_launch: --out {args.out}: {exc.strerror or exc}; give a writable directory", file=sys.stderr)
+        return 2
+    for path in written:
         print(path)
     return 0
 

@@ -120,3 +120,20 @@ def test_the_uncapped_policy_launch_is_the_policy_launch_with_256_running_reques
     assert uncapped[at : at + 2] == ["--max-running-requests", "256"]
     assert uncapped[:at] + uncapped[at + 2 :] == policy
     assert "--max-running-requests" not in policy
+
+
+def test_a_file_as_out_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "a-file"
+    out.write_text("")
+    assert renderer().main(["--out", str(out)]) == 2  # was a FileExistsError traceback (probe 3 EN9)
+    assert capsys.readouterr().err == f"render_launch: --out {out}: File exists; give a writable directory\n"
+
+
+def test_rendering_replaces_a_link_planted_at_a_file_name(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("ORIGINAL\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "base.txt").symlink_to(victim)  # was written through (probe 3 EN8)
+    renderer().render_all(out)
+    assert victim.read_text() == "ORIGINAL\n" and not (out / "base.txt").is_symlink()

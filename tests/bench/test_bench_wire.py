@@ -49,3 +49,23 @@ def test_sse_event_without_final_blank_line_is_flushed() -> None:
     decoder = SseDecoder()
     assert decoder.feed(b'data: {"last": true}') == []
     assert decoder.flush() == ['{"last": true}']
+
+
+def test_an_endless_sse_line_is_refused_at_its_bound() -> None:
+    decoder = SseDecoder()
+    chunk = b"data: " + b"x" * 65530
+    fed = 0
+    with pytest.raises(WireError) as refused:  # was 132 MB and a busy core after 20 s (probe 3 BH20)
+        while fed < 1000:
+            fed += 1
+            decoder.feed(chunk)
+    assert str(refused.value) == "a line of the stream is longer than 16 MiB with no end"
+    assert fed == 257  # refused as soon as the bound was passed
+
+
+def test_sse_events_split_across_feeds_are_joined() -> None:
+    decoder = SseDecoder()
+    assert decoder.feed(b'data: {"a":') == []
+    assert decoder.feed(b" 1}\r\n") == []
+    assert decoder.feed(b"\r\ndata: two\n\ndata: [DO") == ['{"a": 1}', "two"]
+    assert decoder.flush() == ["[DO"]

@@ -6,12 +6,14 @@ without --force."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
 
 from bench.conftest import run_subcommand
-from sm120check.bench.records import SCHEMA
+from sm120check.bench.records import SCHEMA, LevelSummary, append_jsonl
 
 
 def record(concurrency: int, throughput: float, label: str = "x", **extra: object) -> dict[str, object]:
@@ -150,3 +152,92 @@ def test_png_into_a_missing_directory_is_exit_2_before_output(
     assert crossover(str(base), str(spec), "--png", str(png)) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and str(png.parent) in captured.err
+
+
+# --- probe 3, defect 17 (XZ5-XZ7): --zero-step keeps its own warnings and refuses mixed servers ----------------------
+
+
+def _zero_rows(path: Path, rows: list[tuple[int, float, dict[str, object]]]) -> Path:
+    append_jsonl(
+        path,
+        [
+            LevelSummary(c, t, 10.0, int(t * 10), 20, 0, "zero", "r1", accept_length=1.008, meta=meta)  # type: ignore[arg-type]
+            for c, t, meta in rows
+        ],
+    )
+    return path
+
+
+def _policy_sweeps(tmp_path: Path, meta: dict[str, object] | None = None) -> tuple[Path, Path]:
+    base, spec = tmp_path / "base.jsonl", tmp_path / "spec.jsonl"
+    for path, label, points in ((base, "base", {1: 90.0, 10: 500.0}), (spec, "spec", {1: 130.0, 10: 400.0})):
+        rows = [LevelSummary(c, t, 10.0, int(t * 10), 20, 0, label, "r1", meta=meta or {}) for c, t in points.items()]
+        append_jsonl(path, rows)
+    return base, spec
+
+
+ON = {"server": {"speculative": True, "model_path": "/models/m"}, "args": {"url": "http://127.0.0.1:30000"}}
+OFF = {"server": {"speculative": False, "model_path": "/models/m"}, "args": {"url": "http://127.0.0.1:30000"}}
+
+
+def test_zero_step_warnings_of_its_own_sweep_are_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base, spec = _policy_sweeps(tmp_path)
+    zero = _zero_rows(tmp_path / "zero.jsonl", [(1, 80.0, ON), (10, 460.0, ON), (10, 1e6, ON)])
+    argv = ("--steps", "3", "--zero-step", str(zero))
+    assert run_subcommand("crossover", str(base), str(spec), *argv) == 0  # was silent: the slot moved
+    out = capsys.readouterr().out
+    assert f"--zero-step: {zero}: run r1 has C=10 twice; the later one is used" in out
+
+
+def test_zero_step_refuses_a_file_mixing_a_plain_servers_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, spec = _policy_sweeps(tmp_path)
+    zero = _zero_rows(tmp_path / "zero.jsonl", [(1, 90.0, OFF), (2, 150.0, OFF), (10, 460.0, ON), (20, 700.0, ON)])
+    argv = ("--steps", "3", "--zero-step", str(zero), "--write-policies", str(tmp_path / "pol"))
+    assert run_subcommand("crossover", str(base), str(spec), *argv) == 2  # was accepted
+    err = capsys.readouterr().err
+    assert f"--zero-step {zero}: mixes a plain server's records (speculation off at C=1,2) with a speculative" in err
+    assert not (tmp_path / "pol").exists()
+
+
+def test_zero_step_refuses_a_sweep_of_another_server_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, spec = _policy_sweeps(tmp_path, ON)
+    other = {"server": {"speculative": True, "model_path": "/models/other"}, "args": {"url": "http://10.0.0.9:30000"}}
+    zero = _zero_rows(tmp_path / "zero.jsonl", [(1, 80.0, other), (10, 460.0, other)])
+    assert run_subcommand("crossover", str(base), str(spec), "--steps", "3", "--zero-step", str(zero)) == 2
+    assert capsys.readouterr().err == (
+        f"sm120check crossover: --zero-step {zero}: measured on /models/other at http://10.0.0.9:30000, but {spec} on "
+        "/models/m at http://127.0.0.1:30000: bench the same speculative server, held at 0 steps\n"
+    )
+    mixed = _zero_rows(tmp_path / "mixed.jsonl", [(1, 80.0, ON), (10, 460.0, other)])
+    assert run_subcommand("crossover", str(base), str(spec), "--steps", "3", "--zero-step", str(mixed)) == 2
+    assert "mixes sweeps of different servers (/models/m at http://127.0.0.1:30000; /models/other at" in (
+        capsys.readouterr().err
+    )
+
+
+# --- probe 3 minor XZ11: the policy files are readable by the server's user, and never written through a link ---
+
+
+def test_policy_files_get_the_umasks_mode_and_replace_a_planted_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, spec = _policy_sweeps(tmp_path)
+    out = tmp_path / "pol"
+    out.mkdir()
+    victim = tmp_path / "victim.json"
+    victim.write_text("ORIGINAL\n")
+    (out / "router-rule.json").symlink_to(victim)
+    old = os.umask(0o022)
+    try:
+        argv = ("--steps", "3", "--write-policies", str(out), "--force")
+        assert run_subcommand("crossover", str(base), str(spec), *argv) == 0
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    assert victim.read_text() == "ORIGINAL\n" and not (out / "router-rule.json").is_symlink()
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert set(modes.values()) == {0o644}, modes  # were 0600: a server run as another user could not read them

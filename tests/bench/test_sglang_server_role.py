@@ -409,3 +409,20 @@ def test_a_bad_max_running_requests_is_refused(tmp_path: Path, value: object, sa
     result = run_role(tmp_path, "sglang_server_configure", sglang_server_max_running_requests=value)
     assert result.returncode != 0
     assert said in flat(result.stdout) and not (tmp_path / "etc").exists()
+
+
+def test_a_noncharacter_in_the_extra_args_is_refused(tmp_path: Path) -> None:
+    doctor_report(tmp_path / "doctor.json", "pass", "pass")
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_extra_args=["--served-model-name", "a\uffffb"])
+    assert result.returncode != 0  # systemd ignored the unit's ExecStart (probe 3 EN2)
+    assert "no value may hold a NUL byte or a Unicode noncharacter" in flat(result.stdout)
+    assert not (tmp_path / "units" / "sglang-server.service").exists()
+
+
+def test_a_model_path_ending_in_a_backslash_keeps_the_units_next_line(tmp_path: Path) -> None:
+    doctor_report(tmp_path / "doctor.json", "pass", "pass")
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_model_path="/models/odd\\")
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = (tmp_path / "units" / "sglang-server.service").read_text().splitlines()
+    assert "Description=SGLang server for /models/odd" in lines  # was ".../odd\" swallowing After= (probe 3 EN6)
+    assert "After=network-online.target" in lines

@@ -208,3 +208,18 @@ def test_a_node_file_whose_report_names_another_host_is_pointed_out(tmp_path: Pa
     )
     nodes = {n["host"]: n for n in json.loads(render.render(fleet, "json"))["nodes"]}
     assert (nodes["N1"]["reported_host"], nodes["n1"]["reported_host"]) == ("n1", None)
+
+
+# --- probe 3 JN6: an integer past Python's 4300-digit limit anywhere in the results ---
+
+
+def test_results_with_a_5000_digit_integer_are_a_usage_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "results.json"
+    source.write_text('{"node": {"rc": ' + "9" * 5000 + "}}", encoding="utf-8")
+    code = main(["fleet", "collect", str(tmp_path / "run"), "--results", str(source), "--no-latest"])
+    captured = capsys.readouterr()
+    assert code == 2 and "Traceback" not in captured.err
+    assert f"the results from {source} are not JSON (Exceeds the limit" in captured.err
+    assert not (tmp_path / "run").exists()

@@ -101,3 +101,16 @@ def test_a_check_the_map_does_not_know_is_an_error() -> None:
 def test_every_doctor_check_is_in_one_map() -> None:
     rows = ct.gpu_check_rows(ct.catalogue())
     assert {cid for cid, _ in rows} == set(ct.GPU_CHECKS)
+
+
+def test_a_record_readme_that_is_not_utf8_is_named_with_its_line_and_the_fix(tmp_path: Path) -> None:
+    record = tmp_path / ct.VALIDATION / "2026-12-01-latin"
+    record.mkdir(parents=True)
+    (record / "README.md").write_bytes(GOOD.encode() + b"caf\xe9\n")  # was a UnicodeDecodeError traceback
+    with pytest.raises(ct.CoverageError) as refused:
+        ct.read_records(tmp_path, ROWS)
+    line = GOOD.count("\n") + 1
+    assert str(refused.value) == (
+        f"{ct.VALIDATION}/2026-12-01-latin/README.md:{line}: not UTF-8 text (byte 0xe9); convert the file to UTF-8 "
+        "(e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8`)"
+    )

@@ -77,3 +77,18 @@ def test_a_schema_keyword_the_reader_does_not_implement_is_an_error() -> None:
     hacked["properties"]["written_at"]["format"] = "date-time"
     with pytest.raises(RuntimeError, match="format"):
         strict_schema.validate(strict_schema.Schema("hacked.json", 1, hacked), GOOD)
+
+
+def test_a_fact_file_with_a_5000_digit_integer_is_unusable_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "pcie_p2p.json"
+    path.write_text('{"schema": ' + "9" * 5000 + "}", encoding="utf-8")  # was a ValueError traceback in two checks
+    read = fact_file.read(path)
+    assert read.fact is None and read.error.startswith(f"{path}: not JSON (Exceeds the limit")
+
+
+def test_a_fact_file_with_a_key_twice_is_unusable(tmp_path: Path) -> None:
+    path = tmp_path / "pcie_p2p.json"
+    text = json.dumps(GOOD)
+    path.write_text(text[:-1] + ', "schema": 99}', encoding="utf-8")  # was accepted, the later value winning (PC6)
+    read = fact_file.read(path)
+    assert read.fact is None and read.error == f'{path}: key "schema" appears twice; rerun the pcie_p2p role'

@@ -272,3 +272,13 @@ def test_node_read_with_an_unreadable_cmdline_keeps_the_reason(tmp_path: Path) -
     os.mkfifo(tmp_path / "proc" / "cmdline")
     facts = node.read(tmp_path, fake, lambda: [], tmp_path / "none.json")
     assert facts.cmdline is None and "not a regular file" in facts.cmdline_error
+
+
+def test_a_bus_listing_past_its_bound_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    amd_root_ports(tmp_path)
+    bus = tmp_path / "sys" / "bus" / "pci" / "devices"
+    for n in range(10):  # bridges and other devices beside the two GPUs
+        (bus / f"0000:f0:{n:02x}.0").mkdir()
+    monkeypatch.setattr(sysfs, "MAX_DEVICES", 8)
+    view = sysfs.read(tmp_path)  # was silent: a GPU listed past the bound read as "no NVIDIA GPU" (probe 3 PC11)
+    assert f"{bus}: more than 8 entries; only 8 of them were read" in view.skipped

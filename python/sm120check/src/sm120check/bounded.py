@@ -1,4 +1,5 @@
-"""Read a file anyone may have planted: bounded before it is read, regular files only, never blocking.
+"""Read a file anyone may have planted: bounded before it is read, regular files only, never blocking; run a
+command with its output bounded; write a file atomically, never through a planted link, under a lock.
 
 Every whole-file read of the tools goes through here (the manifest, bench's prompt files and datasets, crossover's
 JSONL, verify-launch's log and launch command, fleet node files, sysfs and fact files, JIT stamps). A FIFO opened
@@ -17,8 +18,8 @@ import signal
 import stat
 import subprocess
 import tempfile
-import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def open_regular(path: Path, follow: bool = True) -> int:
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow:
             raise Unreadable(f"{path}: is a symbolic link, not followed here") from None
-        if exc.errno == errno.ENOENT:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):  # no file there (or a file where a directory should be)
             raise Missing(f"{path}: {exc.strerror}") from None
         if exc.errno == errno.ENXIO:  # a socket, or a FIFO without a writer on some systems
             raise Unreadable(f"{path}: not a regular file") from None
@@ -153,13 +154,103 @@ def read_text(path: Path, limit: int, follow: bool = True, lenient: bool = False
 
 
 @dataclass(frozen=True)
+class Captured:
+    """What a child wrote to its pipes, bounded (see `capture`)."""
+
+    stdout: bytes  # its first `limit` bytes (or its newest, keep_newest)
+    stderr: bytes  # its newest `err_limit` bytes
+    cut: bool  # stdout was longer than the bound: some of it is left out
+    stopped: bool  # stdout reached the bound and the process group was killed (not keep_newest)
+    timed_out: bool  # killed at the time bound
+
+
+def _keep(kept: collections.deque[bytes], size: int, chunk: bytes, limit: int) -> tuple[int, bool]:
+    """Append `chunk` keeping the newest `limit` bytes; returns the new size and whether anything was dropped."""
+    kept.append(chunk)
+    size += len(chunk)
+    dropped = False
+    while size > limit and kept:
+        extra = size - limit
+        if len(kept[0]) <= extra:
+            size -= len(kept.popleft())
+        else:
+            kept[0] = kept[0][extra:]
+            size -= extra
+        dropped = True
+    return size, dropped
+
+
+def capture(
+    proc: subprocess.Popen[bytes],
+    limit: int,
+    timeout: float,
+    kill: Callable[[], None],
+    *,
+    keep_newest: bool = False,
+    err_limit: int = 64 << 10,
+) -> Captured:
+    """Read a started child's stdout and stderr pipes as they are written, never holding more than `limit` bytes of
+    stdout and `err_limit` of stderr: at the time bound, or once stdout passed `limit` (unless `keep_newest`, which
+    keeps its newest bytes instead), `kill()` stops the child (its process group) and reading ends. A command that
+    writes without end costs the bound in memory, never more. The pipes are closed on return."""
+    import selectors
+
+    deadline = time.monotonic() + max(timeout, 0.0)
+    pipes = {p.fileno(): p for p in (proc.stdout, proc.stderr) if p is not None}
+    out_fd = proc.stdout.fileno() if proc.stdout is not None else -1
+    out: collections.deque[bytes] = collections.deque()
+    err: collections.deque[bytes] = collections.deque()
+    out_size = err_size = 0
+    cut = stopped = timed_out = False
+    with selectors.DefaultSelector() as selector:
+        for fd in pipes:
+            selector.register(fd, selectors.EVENT_READ)
+        try:
+            while pipes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    kill()
+                    break
+                for key, _ in selector.select(min(left, 1.0)):
+                    fd = int(key.fd)
+                    try:
+                        chunk = os.read(fd, _CHUNK)
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
+                        selector.unregister(fd)
+                        pipes.pop(fd)
+                    elif fd != out_fd:
+                        err_size, _ = _keep(err, err_size, chunk, err_limit)
+                    elif keep_newest:
+                        out_size, dropped = _keep(out, out_size, chunk, limit)
+                        cut = cut or dropped
+                    elif out_size + len(chunk) > limit:
+                        out.append(chunk[: limit - out_size])
+                        out_size = limit
+                        cut = stopped = True
+                        kill()  # the rest is not wanted: stop the command instead of reading it
+                        pipes.clear()
+                        break
+                    else:
+                        out.append(chunk)
+                        out_size += len(chunk)
+        finally:
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+    return Captured(b"".join(out), b"".join(err), cut, stopped, timed_out)
+
+
+@dataclass(frozen=True)
 class Output:
     """What a command wrote, bounded: `data` is its newest (keep_newest) or first `limit` bytes of stdout."""
 
     returncode: int  # negative: killed by that signal (-9 at the time bound)
     data: bytes
     cut: bool  # stdout was longer than the bound: some of it is left out
-    stderr: str  # its first 4 KiB
+    stderr: str  # its last 4 KiB
     timed_out: bool = False
 
 
@@ -167,47 +258,87 @@ def command_output(argv: Sequence[str], limit: int, timeout: float, keep_newest:
     """Run `argv` (its own process group, killed whole at `timeout` s) and keep at most `limit` bytes of stdout:
     the newest (a log's last lines) or the first (then the command is stopped once it has written them). Memory
     stays at `limit` whatever it writes. Raises OSError when it cannot start."""
-    with tempfile.TemporaryFile() as errors:
-        proc = subprocess.Popen(
-            list(argv), stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL, start_new_session=True
-        )
-        expired = threading.Event()
+    proc = subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
+    )
 
-        def kill() -> None:
-            expired.set()
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+    def kill() -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
-        timer = threading.Timer(timeout, kill)
-        timer.start()
-        kept: collections.deque[bytes] = collections.deque()
-        size, cut, stopped = 0, False, False
-        try:
-            assert proc.stdout is not None
-            while chunk := proc.stdout.read(_CHUNK):
-                if not keep_newest and size + len(chunk) > limit:
-                    kept.append(chunk[: limit - size])
-                    cut = stopped = True
-                    kill()  # the rest is not wanted: stop the command instead of reading it
-                    break
-                kept.append(chunk)
-                size += len(chunk)
-                while keep_newest and size - len(kept[0]) >= limit:
-                    size -= len(kept.popleft())
-                    cut = True
-            code = proc.wait()
-        finally:
-            timer.cancel()
-            if proc.stdout is not None:
-                proc.stdout.close()
-            if proc.poll() is None:
-                kill()
-                proc.wait()
-        errors.seek(0)
-        message = errors.read(4096).decode("utf-8", "replace")
-    data = b"".join(kept)
-    if len(data) > limit:
-        data, cut = data[-limit:], True
-    if stopped:
-        return Output(0, data, cut, message)  # stopped by us once it had written enough: not a failure
-    return Output(code, data, cut, message, expired.is_set())
+    try:
+        got = capture(proc, limit, timeout, kill, keep_newest=keep_newest, err_limit=4096)
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:
+            kill()
+            proc.wait()
+    message = got.stderr.decode("utf-8", "replace")
+    if got.stopped:
+        return Output(0, got.stdout, True, message)  # stopped by us once it had written enough: not a failure
+    return Output(code, got.stdout, got.cut, message, got.timed_out)
+
+
+def write_atomic(path: Path, data: bytes, follow: bool = False) -> Path:
+    """Replace the file at `path` with `data`, atomically: a new temporary file beside it (mkstemp: O_EXCL, so a
+    link planted at any name is never written through), flushed, given the old file's mode (and owner, where this
+    user may; a new file: 0666 less the umask), then renamed over it. A link at `path` is replaced, or with `follow`
+    (a user's own file, such as a symlinked stack.yml) the file it leads to is. A reader sees the old file or the
+    new one; on any error the temporary file is removed and the old file is left as it was. Returns the path
+    written."""
+    target = Path(os.path.realpath(path)) if follow else path
+    try:
+        old: os.stat_result | None = target.lstat()
+    except FileNotFoundError:
+        old = None
+    if old is not None and not stat.S_ISREG(old.st_mode):
+        old = None  # a link (not followed) or something else: replaced, its mode not copied
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+            if old is not None:
+                os.fchmod(handle.fileno(), stat.S_IMODE(old.st_mode))
+                if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+                    with contextlib.suppress(PermissionError):
+                        os.fchown(handle.fileno(), old.st_uid, old.st_gid)
+            else:
+                mask = os.umask(0)
+                os.umask(mask)
+                os.fchmod(handle.fileno(), 0o666 & ~mask)
+        Path(name).replace(target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            Path(name).unlink()
+        raise
+    return target
+
+
+@contextlib.contextmanager
+def locked(path: Path, wait: float = 600.0, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock for `path` (fcntl.flock on `.NAME.lock` beside it, opened without following a link),
+    so two writers of one file take turns. `waiting()` is called once when another holder makes this one wait;
+    OSError (a read-only directory, a planted link, `wait` seconds passed) when the lock cannot be had."""
+    import fcntl
+
+    lock = path.with_name(f".{path.name}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + wait
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(errno.ETIMEDOUT, f"another run held {lock} for {wait:.0f} s") from None
+                if waiting is not None and not told:
+                    waiting()
+                    told = True
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -99,7 +99,7 @@ class StreamTally:
             return True
         try:
             event = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise StreamFormatError(f"stream event is not JSON: {data[:120]!r}") from None
         if not isinstance(event, dict):
             raise StreamFormatError(f"stream event is not an object: {data[:120]!r}")

@@ -229,6 +229,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=handle)
 
 
+SERVER_LOST_FLAG = "server_lost_after_level"  # the server stalled or died as the level ended: the sweep stopped
+
+
 class SweepError(Exception):
     """The sweep stopped early (the message says why and names the URL or the file); `records_kept` tells whether
     every finished level is in --out."""
@@ -462,6 +465,13 @@ async def _sweep(
                 records, t0, t1, timed_out = await run_level(endpoint, api, plan, make_spec, headers, say)
             ended = datetime.datetime.now(datetime.timezone.utc)
             summary = summarize(c, records, t0, t1, timed_out)
+            spanned = summary.window_lifetimes
+            if plan.min_lifetimes is not None and spanned is not None and spanned < plan.min_lifetimes:
+                short = (
+                    f"the steady window at C={c} spans {spanned:.1f} request lifetimes, short of --min-lifetimes "
+                    f"{plan.min_lifetimes:g}: --level-timeout {plan.level_timeout:g} s capped it; raise --level-timeout"
+                )
+                summary = replace(summary, warnings=(*summary.warnings, short))
             if sampler is not None:
                 window = judge_window(sampler.trace, t0, t1, summary.throughput_tok_s, summary.window_lifetimes)
                 open_meta.update(window.to_meta())
@@ -495,18 +505,24 @@ async def _sweep(
             }
         if args.slo is not None:
             summary = replace(summary, goodput=compute_goodput(args.slo, records, t0, t1))
-        stalled: HttpError | None = None
+        stalled: HttpError | None = sampler.failure if sampler is not None else None
         level_meta: dict[str, Any] = {}
-        try:
-            if family is not None and before is not None:
-                after = await _settled_scrape(endpoint, headers, info_timeout, family)
-                if after is not None:
-                    facts = facts.with_scrape(after)
-                    summary, level_meta = _metrics_accept(summary, family, before, after)
-            info = await fetch_server_info(endpoint, headers, info_timeout) if facts.sglang_info else {}
-        except HttpError as exc:  # the level is measured: keep it, then stop
-            info, stalled = {}, exc
-            summary = replace(summary, warnings=(*summary.warnings, f"server info after the level: {exc}"))
+        info: dict[str, object] = {}
+        if stalled is not None:  # the server stalled or went away as the level ended: ask it nothing more
+            summary = replace(summary, warnings=(*summary.warnings, f"/metrics after the level: {stalled}"))
+        else:
+            try:
+                if family is not None and before is not None:
+                    after = await _settled_scrape(endpoint, headers, info_timeout, family)
+                    if after is not None:
+                        facts = facts.with_scrape(after)
+                        summary, level_meta = _metrics_accept(summary, family, before, after)
+                info = await fetch_server_info(endpoint, headers, info_timeout) if facts.sglang_info else {}
+            except HttpError as exc:  # the level is measured: keep it, then stop
+                stalled = exc
+                summary = replace(summary, warnings=(*summary.warnings, f"server info after the level: {exc}"))
+        if stalled is not None:
+            summary = replace(summary, flags=(*summary.flags, SERVER_LOST_FLAG))
         server_accept, accept_problem = cumulative_accept(info)
         if accept_problem:
             summary = replace(

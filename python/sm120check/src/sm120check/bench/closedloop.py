@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from sm120check.bench.apis import PATHS, Api, RequestSpec, StreamFormatError, StreamTally, build_body
-from sm120check.bench.http import Connection, Endpoint, HttpError
+from sm120check.bench.http import Connection, Endpoint, HttpError, lost
 from sm120check.bench.percentiles import Dist
 from sm120check.bench.records import MAX_ACCEPT_LENGTH, LevelSummary, RequestRow
 from sm120check.bench.wire import SseDecoder, WireError
@@ -135,6 +135,8 @@ async def one_request(
         chunks, source = tally.finish() if not error else ([], "")
     except (HttpError, WireError, StreamFormatError) as exc:
         error, chunks, source = str(exc), [], ""
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:  # the server went away
+        error, chunks, source = lost(exc), [], ""
     except asyncio.TimeoutError:
         error, chunks, source = f"timed out after {timeout:g} s", [], ""
     except asyncio.CancelledError:
@@ -282,6 +284,8 @@ def _extended_deadline(plan: LevelPlan, state: _LevelState) -> float | None:
     done = [r for r in state.records if not r.cut and not r.error and r.end > r.scheduled]
     measured = [r for r in done if not r.warmup] or done
     if not measured:
+        if any(r.error for r in state.records if not r.cut):
+            return None  # requests fail, none succeeded: a longer window measures nothing, it only sends more
         return state.deadline + 1.0 if state.deadline + 1.0 < state.started + plan.level_timeout / 2 else None
     lifetime = sum(r.end - r.scheduled for r in measured) / len(measured)
     wanted = state.t0 + plan.min_lifetimes * LIFETIME_MARGIN * lifetime
@@ -314,10 +318,20 @@ def summarize(
     records = _credit_cut_requests(concurrency, records, warnings, flags)
     ok = [r for r in measured if not r.error and not r.anomalies]
     all_failed = bool(measured) and not ok
+    unfinished = not measured  # no measured request finished (a stalled server, a short --level-timeout)
     window_valid = t0 is not None and t1 is not None and t1 > t0
     if timed_out:
         warnings.append("the level hit --level-timeout; its numbers cover what finished")
-    if all_failed:
+    if unfinished:
+        flags.append(NO_NUMBERS)
+        running = sum(1 for r in records if r.cut and not r.warmup)
+        warnings.append(
+            f"no measured request finished at C={concurrency} ({running} still running when the level ended"
+            f"{' at --level-timeout' if timed_out else ''}); the level has no numbers - is the server stalled? "
+            "raise --level-timeout if its requests are that slow"
+        )
+        all_failed = True
+    elif all_failed:
         flags.append(NO_NUMBERS)
         untrusted = sum(1 for r in measured if r.anomalies and not r.error)
         if not errors:  # none failed: the server's token counts could not be believed

@@ -118,6 +118,7 @@ class ZeroStep:
     crossover: float | None  # where 0 steps overtake full speculation; None: not in the measured range
     source: str  # the sweep's file
     message: str  # the crossover's own words
+    warnings: tuple[str, ...] = ()  # the comparison's own (a level twice, levels in one sweep only, ...)
 
 
 ZERO_STEP_MAX_ACCEPT = 1.05  # tokens per verify step of a server that drafts nothing (measured: 1.008)
@@ -133,6 +134,24 @@ def zero_step(zero: Sequence[LevelSummary], spec: Sequence[LevelSummary], names:
     if not closed:
         raise RecordError(f"{where}: no closed-loop (concurrency) level in it")
     said = {speculation_reported(r)[0] for r in closed}
+    if {True, False} <= said:
+        plain = _levels({r.concurrency for r in closed if speculation_reported(r)[0] is False})
+        spec_on = _levels({r.concurrency for r in closed if speculation_reported(r)[0]})
+        raise RecordError(
+            f"{where}: mixes a plain server's records (speculation off at C={plain}) with a speculative server's "
+            f"(C={spec_on}); give one 0-step sweep per file ({ZERO_STEP_HOWTO})"
+        )
+    servers = {server_of(r) for r in closed} - {""}
+    if len(servers) > 1:
+        raise RecordError(
+            f"{where}: mixes sweeps of different servers ({'; '.join(sorted(servers))}); give one 0-step sweep per file"
+        )
+    theirs = {server_of(r) for r in spec if level_mode(r) == "closed"} - {""}
+    if servers and theirs and servers != theirs:
+        raise RecordError(
+            f"{where}: measured on {', '.join(sorted(servers))}, but {names[1]} on {', '.join(sorted(theirs))}: "
+            "bench the same speculative server, held at 0 steps"
+        )
     if said == {False}:
         raise RecordError(f"{where}: its server reported speculation off: a plain server's sweep; {ZERO_STEP_HOWTO}")
     drafted = next((r for r in closed if r.accept_length is not None and r.accept_length > ZERO_STEP_MAX_ACCEPT), None)
@@ -147,7 +166,18 @@ def zero_step(zero: Sequence[LevelSummary], spec: Sequence[LevelSummary], names:
             f"server's sweep; {ZERO_STEP_HOWTO}"
         )
     analysis = analyze(zero, spec, names)
-    return ZeroStep(analysis.crossover.value, names[0], analysis.crossover.message)
+    return ZeroStep(analysis.crossover.value, names[0], analysis.crossover.message, analysis.warnings)
+
+
+def server_of(record: LevelSummary) -> str:
+    """The record's model and URL as bench wrote them ("MODEL at URL"); "" when it says neither."""
+    server = record.meta.get("server")
+    args = record.meta.get("args")
+    model = server.get("model_path") or server.get("model") if isinstance(server, Mapping) else None
+    url = args.get("url") if isinstance(args, Mapping) else None
+    if not model and not url:
+        return ""
+    return f"{model or '(model not said)'} at {url or '(URL not said)'}"
 
 
 def group_runs(records: Iterable[LevelSummary], name: str, warnings: list[str]) -> list[Curve]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -222,6 +223,8 @@ def handle(args: argparse.Namespace) -> int:
         analysis = analyze(base, spec, names)
         if getattr(args, "zero_step", None) is not None:
             zero = zero_step(read_jsonl(args.zero_step), spec, (str(args.zero_step), names[1]))
+            said = tuple(f"--zero-step: {w}" for w in zero.warnings)
+            analysis = dataclasses.replace(analysis, warnings=(*analysis.warnings, *said))
     except RecordError as exc:
         print(f"sm120check crossover: {terminal_text(exc)}", file=sys.stderr)
         return Exit.USAGE

@@ -204,6 +204,8 @@ def _array_items(path: Path, text: str) -> Iterable[tuple[int, object]]:
             raise DatasetError(f"{path}:{line}: JSON nested too deeply to be a ShareGPT entry") from None
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{path}:{exc.lineno}:{exc.colno}: bad JSON ({exc.msg}); fix the file") from None
+        except ValueError as exc:  # an integer over Python's 4300-digit limit
+            raise DatasetError(f"{path}:{line}: bad JSON ({exc}); fix the file") from None
         yield line, value
         first = False
         pos = end

@@ -26,6 +26,18 @@ class HttpError(Exception):
     """The request could not be sent or the response could not be read."""
 
 
+def lost(exc: BaseException) -> str:
+    """Why a connection broke, as a user reads it: "connection reset by the server" for a TCP reset (a server
+    that crashed, was OOM-killed or lost its GPU mid-response), else the error's own words."""
+    if isinstance(exc, ConnectionResetError):
+        return "connection reset by the server"
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return "connection closed in the middle of a response"
+    if isinstance(exc, OSError):
+        return f"connection lost ({exc.strerror or exc})"
+    return f"connection lost ({exc})"
+
+
 def redact_url(url: str) -> str:
     """The URL without `user:password@` (and without a query, which may carry a token): what records, logs and
     messages may show."""
@@ -81,6 +93,7 @@ class Response:
         self.reason = reason
         self.headers = headers
         self._consumed = False
+        self._reusable = False
 
     async def iter_body(self) -> AsyncIterator[bytes]:
         """Yield body bytes as they arrive; afterwards the connection is reusable if the server allows it."""
@@ -89,6 +102,17 @@ class Response:
         self._consumed = True
         reader = self._conn.reader
         assert reader is not None
+        try:
+            async for payload in self._body(reader):
+                yield payload
+        except (OSError, asyncio.IncompleteReadError) as exc:  # a reset mid-body: the server went away
+            await self._conn.close()
+            raise HttpError(f"{lost(exc)} while the response was streaming") from None
+        if not self._reusable:
+            await self._conn.close()
+
+    async def _body(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+        """The body by its framing; sets `_reusable` (the connection can carry the next request)."""
         reusable = self.headers.get("connection", "").lower() != "close"
         if "chunked" in self.headers.get("transfer-encoding", "").lower():
             decoder = ChunkedDecoder()
@@ -117,8 +141,7 @@ class Response:
             reusable = False
             while data := await reader.read(_READ_SIZE):
                 yield data
-        if not reusable:
-            await self._conn.close()
+        self._reusable = reusable
 
     async def read(self) -> bytes:
         return b"".join([part async for part in self.iter_body()])
@@ -127,7 +150,7 @@ class Response:
         body = await self.read()
         try:
             return json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise HttpError(f"response is not JSON: {body[:200]!r}") from None
 
 
@@ -177,6 +200,9 @@ class Connection:
                 status_line = await self.reader.readline()
                 if not status_line:
                     raise ConnectionResetError("server closed the connection")
+            except ValueError:  # StreamReader's limit: a status line of more than 1 MiB
+                await self.close()
+                raise HttpError(f"{method} {path}: the response's status line is longer than 1 MiB") from None
             except (ConnectionError, OSError) as exc:
                 await self.close()
                 if fresh or attempt:  # a stale keep-alive connection gets one retry on a new socket
@@ -194,7 +220,11 @@ class Connection:
         headers: dict[str, str] = {}
         size = 0
         while True:
-            line = await self.reader.readline()
+            try:
+                line = await self.reader.readline()
+            except (OSError, ValueError) as exc:  # a reset, or a line over the stream's limit
+                await self.close()
+                raise HttpError(f"response headers cut short: {lost(exc)}") from None
             size += len(line)
             if not line or size > _HEADER_LIMIT:
                 await self.close()

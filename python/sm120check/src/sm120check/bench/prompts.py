@@ -63,7 +63,7 @@ def load_prompt_file(path: Path, max_bytes: int = MAX_PROMPT_FILE_BYTES) -> list
         if line.startswith("{"):
             try:
                 data = json.loads(line)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise ValueError(f"--prompt-file {path}:{number}: bad JSON ({exc})") from None
             text = data.get("prompt", data.get("text")) if isinstance(data, dict) else None
             if not isinstance(text, str):

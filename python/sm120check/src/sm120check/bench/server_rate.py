@@ -26,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 
 from sm120check.bench.engines import scrape_metrics
-from sm120check.bench.http import Endpoint
+from sm120check.bench.http import Endpoint, HttpError
 
 GENERATION_COUNTERS = {
     "sglang": "sglang:generation_tokens_total",
@@ -52,10 +53,17 @@ class CounterTrace:
     name: str
     times: list[float] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)  # samples left out: not a number, or going back
 
     def add(self, when: float, value: float) -> None:
-        if self.times and (when <= self.times[-1] or value < self.values[-1]):
-            return  # out of order, or a counter that went back (a restart): keep the trace monotonic
+        if not math.isfinite(value):
+            self.faults.append(f"read {value}")
+            return
+        if self.times and value < self.values[-1]:  # a restart, or a counter that is not one: keep it monotonic
+            self.faults.append(f"went back from {self.values[-1]:.0f} to {value:.0f}")
+            return
+        if self.times and when <= self.times[-1]:
+            return  # out of order
         self.times.append(when)
         self.values.append(value)
 
@@ -120,6 +128,22 @@ def judge(
     """The bench's window throughput against the server's counter over the same window (pure)."""
     rate = trace.rate(lo, hi) if lo is not None and hi is not None else None
     span = trace.bracket(lo, hi) if lo is not None and hi is not None else None
+    if trace.faults:
+        return WindowCheck(
+            trace.name,
+            None,
+            None,
+            f"the server's own {trace.name} {trace.faults[0]} during the level ({len(trace.faults)} sample(s) left "
+            "out): not a counter the bench can hold its throughput against, so it is not used",
+        )
+    if rate == 0 and bench > 0 and lifetimes is not None and lifetimes >= MIN_LIFETIMES:
+        return WindowCheck(
+            trace.name,
+            rate,
+            span,
+            f"the server's own {trace.name} did not grow over the steady window while the bench measured "
+            f"{bench:.1f} tok/s: the counter is stuck, or another server answered",
+        )
     if rate is None or rate <= 0 or span is None:
         return WindowCheck(trace.name, rate, span, "")
     off = (bench - rate) / rate
@@ -142,6 +166,7 @@ class CounterSampler:
         self.trace = CounterTrace(name)
         self._endpoint, self._headers, self._timeout = endpoint, headers, timeout
         self._task: asyncio.Task[None] | None = None
+        self.failure: HttpError | None = None  # the last read, after the level, failed (a stall, a dead server)
 
     async def _read(self) -> None:
         scrape = await scrape_metrics(self._endpoint, self._headers, self._timeout)
@@ -165,4 +190,7 @@ class CounterSampler:
             # a read that failed as it was cancelled changes nothing
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        await self._read()  # the level's last releases
+        try:  # the level's last releases; the level is measured whatever this read does
+            await self._read()
+        except HttpError as exc:
+            self.failure = exc

@@ -87,37 +87,49 @@ class ChunkedDecoder:
         return bytes(out)
 
 
+MAX_EVENT = 16 << 20  # one SSE line or event; a token stream's events are a few hundred bytes
+
+
 class SseDecoder:
-    """Splits a `text/event-stream` into the `data` payloads of its events (multi-line data joined by newlines)."""
+    """Splits a `text/event-stream` into the `data` payloads of its events (multi-line data joined by newlines).
+    A line or an event longer than MAX_EVENT is a WireError: memory stays bounded against an endless line."""
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._buf = bytearray()
         self._data: list[str] = []
+        self._size = 0  # bytes of the event being gathered
 
     def feed(self, data: bytes) -> list[str]:
         events: list[str] = []
-        buf = self._buf + data
+        searched = len(self._buf)  # bytes already known to hold no newline
+        self._buf += data
+        buf = self._buf
         start = 0
         while True:
-            end = buf.find(b"\n", start)
+            end = buf.find(b"\n", max(start, searched))
             if end < 0:
                 break
-            line = buf[start:end]
+            line = bytes(buf[start:end])
             start = end + 1
             if line.endswith(b"\r"):
                 line = line[:-1]
             if not line:
                 if self._data:
                     events.append("\n".join(self._data))
-                    self._data = []
+                    self._data, self._size = [], 0
                 continue
             if line.startswith(b"data:"):
                 value = line[5:]
                 if value.startswith(b" "):
                     value = value[1:]
+                self._size += len(value)
+                if self._size > MAX_EVENT:
+                    raise WireError(f"an event of the stream is longer than {MAX_EVENT >> 20} MiB")
                 self._data.append(value.decode("utf-8", errors="replace"))
             # comments (":" lines), event:, id:, retry: carry nothing a benchmark needs
-        self._buf = buf[start:]
+        del buf[:start]
+        if len(buf) > MAX_EVENT:
+            raise WireError(f"a line of the stream is longer than {MAX_EVENT >> 20} MiB with no end")
         return events
 
     def flush(self) -> list[str]:

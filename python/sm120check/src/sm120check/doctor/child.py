@@ -22,6 +22,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sm120check import bounded
+
 STEP_MARK = "sm120check-step: "  # a probe's stderr line naming what it does next (see `step`)
 
 
@@ -34,11 +36,12 @@ class ChildOutcome:
     stderr_tail: str = ""
     seconds: float = 0.0
     interrupted: bool = False  # the doctor was interrupted: the child was killed (or never started)
+    cut: bool = False  # its stdout passed MAX_PROBE_OUTPUT: it was stopped (killed with its process group)
 
     @property
     def signal(self) -> str:
-        """The signal that killed the child ("SIGSEGV"), "" when it exited or timed out."""
-        if self.timed_out or self.returncode is None or self.returncode >= 0:
+        """The signal that killed the child ("SIGSEGV"), "" when it exited, timed out or was stopped."""
+        if self.timed_out or self.cut or self.returncode is None or self.returncode >= 0:
             return ""
         return signal_name(-self.returncode)
 
@@ -53,6 +56,9 @@ class ChildOutcome:
         """One line saying why the child did not deliver, for a result's summary."""
         if self.interrupted:
             return "was interrupted (the doctor was stopped; its process group was killed)"
+        if self.cut:
+            bound = bounded.size_text(MAX_PROBE_OUTPUT)
+            return f"wrote more than {bound} of output (stopped, killed with its process group)"
         if self.timed_out:
             return f"timed out after {self.seconds:.0f} s (killed with its process group)"
         if self.signal:
@@ -106,7 +112,7 @@ def stopping() -> bool:
 
 
 @contextlib.contextmanager
-def _spawned(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Popen[str] | None]:
+def _spawned(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.Popen[bytes] | None]:
     """Start `cmd` in its own session, registered for kill_all(); None when the doctor is stopping.
     On leaving, the child's whole process group is killed (helpers it left behind included)."""
     with _CHILDREN.lock:
@@ -118,7 +124,6 @@ def _spawned(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                text=True,
                 start_new_session=True,
                 env=dict(env),
                 preexec_fn=die_with_parent if sys.platform == "linux" else None,
@@ -138,38 +143,61 @@ def _spawned(cmd: Sequence[str], env: Mapping[str, str]) -> Iterator[subprocess.
             _CHILDREN.groups.discard(proc.pid)
 
 
+MAX_COMMAND_OUTPUT = 1 << 20  # a command's stdout kept (nvcc --version, an interpreter's probe): far above theirs
+MAX_PROBE_OUTPUT = 16 << 20  # a probe's stdout (its JSON result is the last line)
+MAX_STDERR = 64 << 10  # the newest bytes of a child's stderr
+
+
 @dataclass(frozen=True)
 class CommandResult:
-    returncode: int  # 124 timed out, 127 did not start, 130 the doctor is stopping
+    returncode: int  # 124 timed out, 127 did not start, 130 the doctor is stopping; -9 stopped at the output bound
     stdout: str = ""
     stderr: str = ""
     timed_out: bool = False
+    cut: bool = False  # stdout passed its bound: the command was stopped (killed with its process group)
 
     @property
     def text(self) -> str:
         return self.stdout + self.stderr
 
 
-def run_command(cmd: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None) -> CommandResult:
+def _capture(proc: subprocess.Popen[bytes], limit: int, timeout: float) -> bounded.Captured:
+    """Read the child's pipes as they fill, bounded (bounded.capture): killed whole at the timeout or once its
+    stdout passed `limit`, then reaped."""
+    got = bounded.capture(proc, limit, max(timeout, 0.01), lambda: _kill_group(proc), err_limit=MAX_STDERR)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    return got
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def run_command(
+    cmd: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None, limit: int = MAX_COMMAND_OUTPUT
+) -> CommandResult:
     """Run a command (nvcc, a fresh interpreter) like run_probe: in its own process group, killed whole at
-    the timeout or when the doctor stops. `env` is the whole environment (default: the doctor's)."""
+    the timeout, when the doctor stops, or once it has written `limit` bytes to stdout (then `cut`, its first
+    `limit` bytes kept). `env` is the whole environment (default: the doctor's)."""
     try:
         with _spawned(cmd, dict(os.environ) if env is None else env) as proc:
             if proc is None:
                 return CommandResult(130, stderr=f"{cmd[0]} not started: the doctor is stopping")
-            try:
-                out, err = proc.communicate(timeout=max(timeout, 0.01))
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                out, err = proc.communicate()
-                return CommandResult(
-                    124, out, f"{cmd[0]} did not answer in {timeout:.0f} s (killed with its process group)", True
-                )
+            got = _capture(proc, limit, timeout)
     except OSError as exc:
         return CommandResult(127, stderr=str(exc))
+    out, err = _text(got.stdout), _text(got.stderr)
+    if got.timed_out:
+        return CommandResult(
+            124, out, f"{cmd[0]} did not answer in {timeout:.0f} s (killed with its process group)", True
+        )
+    if got.stopped:
+        said = f"{cmd[0]} wrote more than {bounded.size_text(limit)} of output; stopped (killed with its process group)"
+        return CommandResult(-signal.SIGKILL, out, f"{err}\n{said}" if err else said, cut=True)
     if _CHILDREN.stopping and proc.returncode == -signal.SIGKILL:
         return CommandResult(130, out, err + f"\n{cmd[0]} killed: the doctor is stopping")
-    return CommandResult(proc.returncode, out, err)
+    return CommandResult(proc.returncode if proc.returncode is not None else -signal.SIGKILL, out, err)
 
 
 def run_probe(
@@ -180,7 +208,8 @@ def run_probe(
     env: Mapping[str, str] | None = None,
     python: str | None = None,
 ) -> ChildOutcome:
-    """Run `python -m module *args` and parse the JSON object on its last stdout line."""
+    """Run `python -m module *args` and parse the JSON object on its last stdout line (stdout bounded at
+    MAX_PROBE_OUTPUT: a probe that writes more is stopped and fails)."""
     cmd = [python or sys.executable, "-m", module, *args]
     child_env = dict(os.environ)
     if env:
@@ -189,27 +218,26 @@ def run_probe(
     with _spawned(cmd, env=child_env) as proc:
         if proc is None:
             return ChildOutcome(ok=False, interrupted=True)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            out, err = proc.communicate()
-            return ChildOutcome(
-                ok=False,
-                returncode=proc.returncode,
-                timed_out=True,
-                stderr_tail=err[-4000:],
-                seconds=time.monotonic() - start,
-                interrupted=_CHILDREN.stopping,
-            )
+        got = _capture(proc, MAX_PROBE_OUTPUT, timeout)
     # The child's own process group may hold helpers (ranks) that outlived it: _spawned ended them too.
     seconds = time.monotonic() - start
-    data = _last_json(out)
+    err = _text(got.stderr)[-4000:]
+    if got.timed_out or got.stopped:
+        return ChildOutcome(
+            ok=False,
+            returncode=proc.returncode,
+            timed_out=got.timed_out,
+            stderr_tail=err,
+            seconds=seconds,
+            interrupted=_CHILDREN.stopping,
+            cut=got.stopped,
+        )
+    data = _last_json(_text(got.stdout))
     return ChildOutcome(
         ok=proc.returncode == 0 and data is not None,
         data=data or {},
         returncode=proc.returncode,
-        stderr_tail=err[-4000:],
+        stderr_tail=err,
         seconds=seconds,
         interrupted=_CHILDREN.stopping and proc.returncode == -signal.SIGKILL,
     )
@@ -229,7 +257,7 @@ def die_with_parent() -> None:
         pass
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 
@@ -240,7 +268,7 @@ def _last_json(out: str) -> dict[str, object] | None:
         if line.startswith("{"):
             try:
                 value = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 return None
             return value if isinstance(value, dict) else None
     return None

@@ -136,7 +136,7 @@ def run_collect(args: argparse.Namespace) -> int:
         results = json.loads(text)
     except bounded.Unreadable as error:
         return _error(f"cannot read the results: {error}")
-    except json.JSONDecodeError as error:
+    except ValueError as error:  # JSONDecodeError, or an integer over Python's 4300-digit limit
         return _error(f"the results from {source} are not JSON ({error}); pass {{host: registered result}}")
     except RecursionError:
         return _error(f"the results from {source} are nested too deeply to read; pass {{host: registered result}}")

@@ -730,6 +730,6 @@ def write_stamp(directory: Path, key: CacheKey, module: str, seconds: float) -> 
 def read_stamp(directory: Path) -> dict[str, Any]:
     try:
         raw = json.loads(bounded.read_text(directory / STAMP_NAME, MAX_MANIFEST_BYTES))
-    except (bounded.Unreadable, json.JSONDecodeError, RecursionError):
+    except (bounded.Unreadable, ValueError, RecursionError):
         return {}
     return raw if isinstance(raw, dict) else {}

@@ -16,6 +16,7 @@ import importlib.util
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from sm120check import bounded
 from sm120check.comm.flashinfer_release import parse_version
 
 MNNVL = "comm/mnnvl.py"
@@ -25,6 +26,7 @@ WORKSPACE_FUNCTION = "trtllm_create_ipc_workspace_for_all_reduce_fusion"
 # reads the real wheels).
 CHECKED = ("0.7.2", "0.7.4")
 NEWEST_CHECKED = CHECKED[-1]
+MAX_BYTES = 4 << 20  # each file read (comm/mnnvl.py is about 40 KiB)
 
 
 @dataclass(frozen=True)
@@ -45,17 +47,42 @@ class UnreadableFlashInfer(ValueError):
 
 
 def _constant(module: ast.Module, name: str, rel: str) -> int:
+    """The value `name` holds once the module ran: its last module-level assignment, with any augmented ones
+    (`X *= 2`) after it applied, as Python leaves it."""
+    value: int | None = None
+    seen = False
     for node in module.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            value = _evaluate(node.value)
-            if value is not None:
-                return value
-            raise UnreadableFlashInfer(f"{rel}: {name} is not an integer expression ({ast.unparse(node.value)})")
-    raise UnreadableFlashInfer(f"{rel}: no module-level {name}")
+            expr: ast.expr | None = node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            expr = node.value
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            expr = ast.BinOp(ast.Constant(value), node.op, node.value) if value is not None else None
+        else:
+            continue
+        seen = True
+        value = _evaluate(expr) if expr is not None else None
+        if value is None:
+            try:
+                shown = ast.unparse(node)[:120]
+            except ValueError:  # an integer too long to print
+                shown = f"a literal of {len(hex(getattr(expr, 'value', 0)))} hex digits"
+            raise UnreadableFlashInfer(f"{rel}: {name} is not an integer expression ({shown})")
+    if not seen or value is None:
+        raise UnreadableFlashInfer(f"{rel}: no module-level {name}")
+    return value
+
+
+_LIMIT = 1 << 64  # FlashInfer's constants are sizes and counts; anything past this is not one
 
 
 def _evaluate(node: ast.expr) -> int | None:
-    """Integer literals and the operators FlashInfer's constants use (&, ~, <<, -, +, *, |)."""
+    """Integer literals and the operators FlashInfer's constants use (&, ~, <<, -, +, *, |), within +-2**64."""
+    value = _operate(node)
+    return value if value is not None and -_LIMIT <= value <= _LIMIT else None
+
+
+def _operate(node: ast.expr) -> int | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Invert):
@@ -153,11 +180,15 @@ def check(package: Path | None, version: str | None) -> ConstantsCheck:
             (f"FlashInfer's files were not found: the preflight patch sizes with the constants of {written}",),
         )
     try:
-        found = read((package / MNNVL).read_text(encoding="utf-8"), (package / TRTLLM_AR).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
-        return ConstantsCheck(version, str(package), None, (f"{package}: {exc}",), ())
+        found = read(bounded.read_text(package / MNNVL, MAX_BYTES), bounded.read_text(package / TRTLLM_AR, MAX_BYTES))
+    except bounded.Unreadable as exc:
+        return ConstantsCheck(version, str(package), None, (f"{exc}; reinstall FlashInfer",), ())
     except UnreadableFlashInfer as exc:
         return ConstantsCheck(version, str(package), None, (str(exc),), ())
+    except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
+        return ConstantsCheck(version, str(package), None, (f"{package}: not Python FlashInfer ships: {exc}",), ())
+    except (RecursionError, MemoryError):
+        return ConstantsCheck(version, str(package), None, (f"{package}: an expression nested too deeply",), ())
     differences = tuple(
         f"{_NAMES[f.name]} is {getattr(found, f.name)} (the patch sizes with {getattr(WRITTEN_FOR, f.name)})"
         for f in fields(WorkspaceConstants)

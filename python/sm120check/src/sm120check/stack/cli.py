@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sm120check import argtypes
 from sm120check.exitcodes import Exit
 from sm120check.stack import pip
-from sm120check.stack.model import DEFAULT_GLIBC, Sources, Stack, Status, Target
+from sm120check.stack.model import DEFAULT_GLIBC, Sources, Stack, Status, Target, glibc
 
 if TYPE_CHECKING:
     from sm120check.cli import Subparsers
@@ -26,10 +27,21 @@ DEFAULT_STACK = Path("inventory/group_vars/all/stack.yml")
 def _target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python", default="3.12", help="the node's Python, MAJOR.MINOR (default 3.12)")
     parser.add_argument("--arch", default="x86_64", choices=["x86_64", "aarch64"], help="the node's architecture")
-    parser.add_argument("--glibc", default=DEFAULT_GLIBC, help=f"the node's glibc (default {DEFAULT_GLIBC})")
+    parser.add_argument(
+        "--glibc", type=_glibc, default=DEFAULT_GLIBC, help=f"the node's glibc (default {DEFAULT_GLIBC})"
+    )
     parser.add_argument("--wheelhouse", default="", help="resolve from this wheelhouse directory (--no-index)")
-    parser.add_argument("--timeout", type=float, default=pip.DEFAULT_TIMEOUT, help="seconds pip may take in all")
+    parser.add_argument(
+        "--timeout", type=argtypes.seconds, default=pip.DEFAULT_TIMEOUT, help="seconds pip may take in all"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object")
+
+
+def _glibc(text: str) -> str:
+    try:
+        return glibc(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(subparsers: Subparsers) -> None:
@@ -66,6 +78,14 @@ def _strings(value: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
 
 
+def _names(pins: dict[str, str]) -> dict[str, str]:
+    from sm120check.stack import stackfile
+
+    if bad := next((n for n in pins if not stackfile.NAME.fullmatch(n)), None):
+        raise ValueError(f"{bad!r} is not a package name; nothing was passed to pip")
+    return pins
+
+
 def _section(data: Mapping[str, object], key: str) -> Mapping[str, object]:
     value = data.get(key)
     return value if isinstance(value, dict) else {}
@@ -73,14 +93,17 @@ def _section(data: Mapping[str, object], key: str) -> Mapping[str, object]:
 
 def request_from_json(text: str) -> tuple[Stack, Target, Sources]:
     """The preflight role's request {"stack": {...}, "target": {...}, "sources": {...}}; ValueError naming a bad one."""
-    data = json.loads(text)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ValueError("--request is not JSON (the preflight role writes it)") from None
     if not isinstance(data, dict):
         raise ValueError("the request is not a JSON object")
     s, t, src = (_section(data, k) for k in ("stack", "target", "sources"))
-    extra = _strings(s.get("extra_python_packages"))
+    extra = _names(_strings(s.get("extra_python_packages")))
     stack = Stack(
         profile=str(s.get("profile", "")),
-        python_packages={**_strings(s.get("python_packages")), **extra},
+        python_packages={**_names(_strings(s.get("python_packages"))), **extra},
         cuda_version=str(s.get("cuda_version", "")),
         cuda_components=_strings(s.get("cuda_components")),
         nccl_version=str(s.get("nccl_version", "")),
@@ -88,7 +111,7 @@ def request_from_json(text: str) -> tuple[Stack, Target, Sources]:
         extra_names=frozenset(extra),
     )
     target = Target(
-        python=str(t.get("python", "")), arch=str(t.get("arch", "")), glibc=str(t.get("glibc") or DEFAULT_GLIBC)
+        python=str(t.get("python", "")), arch=str(t.get("arch", "")), glibc=glibc(str(t.get("glibc") or DEFAULT_GLIBC))
     )
     if not target.python or target.arch not in ("x86_64", "aarch64"):
         raise ValueError(f"target {t!r}: python (MAJOR.MINOR) and arch (x86_64 or aarch64) are required")
@@ -113,6 +136,7 @@ def _resolve(args: argparse.Namespace) -> int:
     except (ValueError, stackfile.StackFileError) as exc:
         print(f"sm120check stack resolve: {exc}", file=sys.stderr)
         return Exit.USAGE
+    resolve.new_run()
     verdict = resolve.resolve(stack, target, sources, timeout=args.timeout, refresh=args.refresh)
     if args.json:
         print(json.dumps({**verdict.to_json(), "lines": resolve.render(verdict)}, indent=1))
@@ -122,6 +146,19 @@ def _resolve(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from sm120check.stack import stackfile
+
+    if not args.write:
+        return _plan_under(args)
+    try:
+        with stackfile.lock(args.stack):  # the read, the plan and the write: one run at a time per file
+            return _plan_under(args)
+    except stackfile.StackFileError as exc:
+        print(f"sm120check stack plan: {exc}", file=sys.stderr)
+        return Exit.USAGE
+
+
+def _plan_under(args: argparse.Namespace) -> int:
     from sm120check.stack import plan, resolve, stackfile
 
     try:
@@ -131,6 +168,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"sm120check stack plan: {exc}", file=sys.stderr)
         return Exit.USAGE
     target, sources = _target(args), Sources(wheelhouse=args.wheelhouse)
+    resolve.new_run()
     try:
         result = plan.plan(stack, sets, target, sources, timeout=args.timeout)
     except plan.PlanError as exc:
@@ -150,12 +188,15 @@ def _plan(args: argparse.Namespace) -> int:
     if args.write and result.ok:
         try:
             changes = stackfile.write(args.stack, result.before, result.after)
+        except stackfile.StackChanged as exc:
+            print(f"sm120check stack plan: {exc}", file=sys.stderr)
+            return Exit.FOUND
         except stackfile.StackFileError as exc:
             print(f"sm120check stack plan: {exc}", file=sys.stderr)
             return Exit.USAGE
         written = [".".join(c.path) for c in changes]
         lines.append(f"Wrote {len(changes)} value(s) into {args.stack}.")
-        stale = stackfile.stale_comments(args.stack.read_text(encoding="utf-8"), result.before, result.after)
+        stale = stackfile.stale_comments(stackfile.read_text(args.stack), result.before, result.after)
         if stale:
             lines.append("Comments that still name an old version (reread them):")
             lines += [f"  {s}" for s in stale]

@@ -21,6 +21,14 @@ WHERE = "inventory/group_vars/all/stack.yml or your inventory"
 DEFAULT_GLIBC = "2.35"
 
 
+def glibc(text: str) -> str:
+    """A glibc version as the node reports it (2.35): 2.17 (manylinux2014's) to 2.99; ValueError naming `text`."""
+    major, dot, minor = text.strip().partition(".")
+    if not (dot and major == "2" and minor.isascii() and minor.isdigit() and 17 <= int(minor[:3]) <= 99):
+        raise ValueError(f"glibc {text!r} is not a glibc version from 2.17 to 2.99 (`getconf GNU_LIBC_VERSION`: 2.35)")
+    return f"2.{int(minor)}"
+
+
 @dataclass(frozen=True)
 class Target:
     """The node's interpreter and platform: what pip resolves for (`--python-version`, `--platform`)."""

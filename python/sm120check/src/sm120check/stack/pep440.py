@@ -173,5 +173,7 @@ def requirement(text: str) -> Requirement:
         raise ValueError(f"{text!r} is not a PEP 508 requirement")
     extras = tuple(e.strip() for e in (match["extras"] or "").split(",") if e.strip())
     spec = Specifier(match["spec"].strip())
-    spec.clauses()  # raises on a specifier this reader does not know
+    for op, version in spec.clauses():  # raises on a specifier this reader does not know
+        if op != "===":  # arbitrary equality compares text; every other clause names a PEP 440 version
+            parse(version.removesuffix(".*"))
     return Requirement(text, canonical_name(match["name"]), extras, spec, (match["marker"] or "").strip())

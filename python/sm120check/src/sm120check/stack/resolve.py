@@ -11,11 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from sm120check import bounded
 from sm120check.stack import pip, rules
 from sm120check.stack.model import Resolution, Sources, Stack, Status, Target, WheelMetadata, digest
 
@@ -26,20 +28,66 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sm120kit"
 
 
+MAX_ENTRY = 16 << 20  # one cache entry (a verdict or a wheel's metadata) is a few KiB
+CACHE_FIX = "remove it (`rm -rf {root}`; after a `sudo` run: `sudo rm -rf {root}`) or set SM120KIT_CACHE"
+_WARNED: set[str] = set()
+
+
+def new_run() -> None:
+    """Each cache warning is said once per run (a CLI invocation)."""
+    _WARNED.clear()
+
+
+def _warn(message: str) -> None:
+    if message not in _WARNED:  # once per run
+        _WARNED.add(message)
+        print(f"sm120check stack: warning: {message}", file=sys.stderr, flush=True)
+
+
 def _write(path: Path, document: object) -> None:
-    """Atomically, so a concurrent reader sees the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps(document, indent=1, sort_keys=True), encoding="utf-8")
-    partial.replace(path)
+    """Atomically (bounded.write_atomic), so a concurrent reader sees the old file or the new one. A cache that
+    cannot be written (a file where its directory should be, a root-owned or read-only directory) is said on stderr
+    with the fix; the verdict stands, it is only not cached."""
+    root = path.parent.parent
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        bounded.write_atomic(path, json.dumps(document, indent=1, sort_keys=True).encode("utf-8"))
+    except OSError as exc:
+        where = exc.filename or path.parent
+        _warn(
+            f"the resolution cache {root} cannot be written ({where}: {exc.strerror or exc}), so nothing is cached; "
+            + CACHE_FIX.format(root=root)
+        )
 
 
 def _read(path: Path) -> dict[str, object] | None:
+    """A cache entry, or None when there is none or it cannot be used (said on stderr, with the fix): a damaged or
+    planted entry is resolved again and overwritten, never trusted."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(bounded.read_text(path, MAX_ENTRY))
+    except bounded.Missing:
         return None
-    return data if isinstance(data, dict) else None
+    except (bounded.Unreadable, ValueError, RecursionError) as exc:
+        reason = str(exc) if isinstance(exc, bounded.Unreadable) else f"{path}: not a JSON cache entry"
+        _warn(f"ignoring the cache entry {reason}; resolving again (`--refresh` does the same)")
+        return None
+    if not isinstance(data, dict):
+        _warn(f"ignoring the cache entry {path}: not a JSON object; resolving again")
+        return None
+    return data
+
+
+def _metadata_entry(data: Mapping[str, object], name: str) -> WheelMetadata | None:
+    """A cached wheel's metadata when it is what this cache writes, for that wheel; None otherwise."""
+    requires = data.get("requires", [])
+    fields = (data.get("name"), data.get("version"), data.get("requires_python", ""))
+    if not all(isinstance(v, str) for v in fields) or not isinstance(requires, list):
+        return None
+    if not all(isinstance(r, str) for r in requires) or data.get("name") != name:
+        return None
+    return WheelMetadata(
+        name=name, version=str(data["version"]), requires=tuple(requires), requires_python=str(fields[2])
+    )
 
 
 class MetadataError(Exception):
@@ -71,16 +119,14 @@ def metadata(
     found: dict[str, WheelMetadata] = {}
     missing: dict[str, str] = {}
     for name, version in pins.items():
-        data = _read(root / f"{_metadata_key(name, version, target, sources)}.json")
-        if data is not None:
-            requires = data.get("requires")
-            found[name] = WheelMetadata(
-                name=str(data["name"]),
-                version=str(data["version"]),
-                requires=tuple(str(r) for r in requires) if isinstance(requires, list) else (),
-                requires_python=str(data.get("requires_python", "")),
-            )
+        path = root / f"{_metadata_key(name, version, target, sources)}.json"
+        data = _read(path)
+        entry = _metadata_entry(data, name) if data is not None else None
+        if entry is not None:
+            found[name] = entry
         else:
+            if data is not None:
+                _warn(f"ignoring the cache entry {path}: not the metadata of {name} {version}; reading it again")
             missing[name] = version
     if missing:
         answer = pip.run(
@@ -110,9 +156,12 @@ def resolve(
     path = (cache or cache_root()) / "resolve" / f"{key}.json"
     if not refresh and (data := _read(path)) is not None:
         try:
-            return replace(Resolution.from_json(data), cached=True)
-        except (KeyError, ValueError, TypeError):
-            pass  # an unreadable cache entry: resolve again
+            cached = Resolution.from_json(data)
+        except (KeyError, ValueError, TypeError, AttributeError):
+            cached = None
+        if cached is not None and cached.digest == key:
+            return replace(cached, cached=True)
+        _warn(f"ignoring the cache entry {path}: not a verdict on this manifest; resolving again")
     deadline = time.monotonic() + timeout
     base = Resolution(Status.SKIPPED, key, target.describe(), sources.describe())
     if sources.wheelhouse and not Path(sources.wheelhouse).is_dir():
@@ -162,7 +211,12 @@ def resolve(
 def render(resolution: Resolution) -> list[str]:
     """What a user reads: one line per problem, pip's words, or why nothing was resolved."""
     head = f"for {resolution.target} from {resolution.sources}"
-    cached = " (cached: this manifest was resolved before; --refresh resolves again)" if resolution.cached else ""
+    cached = (
+        " (cached: this manifest was resolved before; --refresh resolves again, in preflight "
+        "-e preflight_resolve_refresh=true)"
+        if resolution.cached
+        else ""
+    )
     if resolution.status is Status.SKIPPED:
         return [f"The pins were not resolved {head}: {resolution.reason}.{cached}"]
     if resolution.status is Status.OK:

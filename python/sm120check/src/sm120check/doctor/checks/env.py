@@ -35,7 +35,7 @@ def fresh_interpreter(python: str, drop: Sequence[str], timeout: float) -> tuple
         return None, proc.stderr.strip()[-2000:]
     try:
         value = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
+    except (ValueError, RecursionError, IndexError):
         return None, f"no JSON from {python}: {proc.stdout[-500:]}"
     return value if isinstance(value, dict) else None, ""
 

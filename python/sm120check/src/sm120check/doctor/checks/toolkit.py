@@ -29,6 +29,8 @@ NVCC_QUERY_TIMEOUT = 20.0  # `nvcc --version` and `--list-gpu-code` together, at
 def _run(cmd: list[str], timeout: float = NVCC_QUERY_TIMEOUT) -> tuple[int, str]:
     """Run nvcc in its own process group (killed whole at the timeout or when the doctor stops)."""
     done = child.run_command(cmd, timeout=timeout)
+    if done.cut:  # an nvcc that wrote without end: its first lines and why it was stopped
+        return done.returncode, f"{done.stdout[:500]}\n[...]\n{done.stderr}"
     return done.returncode, done.text
 
 

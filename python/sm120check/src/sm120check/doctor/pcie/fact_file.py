@@ -121,6 +121,20 @@ class FactRead:
         }
 
 
+class _Duplicate(Exception):
+    pass
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose keys are each given once (a second value would silently win)."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(json.dumps(key[:80]))
+        out[key] = value
+    return out
+
+
 def read(path: Path = DEFAULT_PATH) -> FactRead:
     try:
         os.lstat(path)
@@ -133,8 +147,10 @@ def read(path: Path = DEFAULT_PATH) -> FactRead:
     except Unreadable as exc:
         return FactRead(str(path), error=str(exc))
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+        data = json.loads(text, object_pairs_hook=_unique)
+    except _Duplicate as exc:
+        return FactRead(str(path), error=f"{path}: key {exc} appears twice; rerun the pcie_p2p role"[:300])
+    except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, an integer over 4300 digits
         return FactRead(str(path), error=f"{path}: not JSON ({exc})"[:300])
     try:
         return FactRead(str(path), PcieP2pFact.from_json(data))

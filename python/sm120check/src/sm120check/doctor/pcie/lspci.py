@@ -8,7 +8,7 @@ IOMMU), which is what makes NCCL hang on the first all-reduce on PCIe boxes (NVI
 lspci prints "Capabilities: <access denied>" and no ACS lines.
 
 The command is injectable (`Runner`): tests give recorded text; the doctor runs lspci in its own process group,
-bounded by a timeout, its output cut at MAX_OUTPUT.
+bounded by a timeout and stopped once it has written MAX_OUTPUT bytes (those are kept).
 """
 
 from __future__ import annotations
@@ -42,13 +42,15 @@ def run_lspci(args: Sequence[str]) -> CommandText:
     )
     if binary is None:
         return CommandText(False, error="lspci not found (install pciutils)")
-    done = child.run_command([binary, *args], timeout=TIMEOUT)
+    done = child.run_command([binary, *args], timeout=TIMEOUT, limit=MAX_OUTPUT)  # stopped once it wrote that
+    if done.cut:
+        return CommandText(True, done.stdout)
     if done.timed_out:
         return CommandText(False, error=f"lspci {' '.join(args)} did not answer within {TIMEOUT:.0f} s")
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip()[-300:]
         return CommandText(False, error=f"lspci {' '.join(args)} exited {done.returncode}: {tail or 'no output'}")
-    return CommandText(True, done.stdout[:MAX_OUTPUT])
+    return CommandText(True, done.stdout)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from sm120check.bounded import Unreadable, read_text
 
 NVIDIA = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")
-MAX_DEVICES = 4096  # PCI functions listed (a big server has a few hundred)
+MAX_DEVICES = 1 << 16  # PCI functions listed (a big server has a few hundred; only names are read past them)
 MAX_DEPTH = 32  # bridges between a device and its host bridge
 ATTRIBUTE_BYTES = 64 << 10  # sysfs attributes are one page; /proc/cmdline is at most a few KiB
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -164,11 +164,14 @@ def read(root: Path = Path("/")) -> SysfsView:
     """The NVIDIA GPUs on the bus, their groups and bridges, and the IOMMU units, under `root`."""
     bus = root / "sys" / "bus" / "pci" / "devices"
     try:
-        names = _listdir(bus)
+        names = _listdir(bus, MAX_DEVICES + 1)
     except OSError as exc:
         return SysfsView(units=units(root), error=f"{bus}: {exc.strerror or exc} (no PCI bus in sysfs: a container?)")
     gpus: list[SysGpu] = []
     skipped: list[str] = []
+    if len(names) > MAX_DEVICES:  # said, so a GPU listed past them is not taken for no GPU
+        names = names[:MAX_DEVICES]
+        skipped.append(f"{bus}: more than {MAX_DEVICES} entries; only {MAX_DEVICES} of them were read")
     for name in names:
         if not is_bdf(name):
             continue

@@ -206,7 +206,7 @@ def _outcome(rank: int, proc: subprocess.Popen[bytes], workdir: Path, killed: bo
 
     try:
         data = json.loads(read(f"rank{rank}.json") or "{}")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         data = {}
     return RankOutcome(
         rank=rank,
