@@ -9,6 +9,7 @@ its socket alone.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -82,14 +83,10 @@ class PortVerdict:
 
 
 def _hex_address(text: str) -> str:
+    """An address as /proc/net/tcp{,6} writes it (each 32-bit word in host byte order, little-endian here)."""
     raw = bytes.fromhex(text)
-    if len(raw) == 4:
-        return ".".join(str(b) for b in raw[::-1])
-    words = [raw[i : i + 4][::-1] for i in range(0, 16, 4)]  # each 32-bit word is in host (little-endian) order
-    flat = b"".join(words)
-    groups = [flat[i : i + 2].hex().lstrip("0") or "0" for i in range(0, 16, 2)]
-    text6 = ":".join(groups)
-    return "::" if text6 == "0:0:0:0:0:0:0:0" else text6
+    flat = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(flat))
 
 
 def parse_table(text: str, port: int) -> list[tuple[str, int]]:
