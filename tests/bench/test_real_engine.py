@@ -160,6 +160,15 @@ def test_records_say_whether_the_server_speculates(sweep: SweepFactory, server: 
         if server == "spec":
             assert facts.get("speculative_num_steps") == 8, facts
 
+    # the same llama-server from the first level's start to the last level's end: /props names it the same way
+    identities = [
+        (r["server_identity"]["start"], r["server_identity"]["end"]) for r in sweep(server, "openai-chat").records
+    ]
+    first = identities[0][0]
+    assert first["engine"] == "llama.cpp" and {"build_info", "model_path", "total_slots"} <= set(first["fields"])
+    assert all(start == end == first for start, end in identities)
+    assert not any("server_changed" in r["flags"] for r in sweep(server, "openai-chat").records)
+
 
 @pytest.mark.slow
 def test_prompt_cache_serves_few_prompt_tokens_even_on_a_repeated_sweep(
