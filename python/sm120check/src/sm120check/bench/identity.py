@@ -15,6 +15,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from sm120check.bench.http import Connection, Endpoint, HttpError
 from sm120check.bench.records import LevelSummary, RecordError
@@ -93,7 +94,7 @@ class ServerIdentity:
         return f"{self.engine} " + (", ".join(parts) or "(no fields)")
 
 
-def _scalar(value: object) -> bool:
+def _scalar(value: object) -> TypeGuard[Scalar]:
     if isinstance(value, float):
         return math.isfinite(value)
     return value is None or isinstance(value, (str, int, bool))
@@ -108,7 +109,7 @@ def identity_from(engine: str, info: Mapping[str, object]) -> ServerIdentity | N
     for key in keys:
         value = info.get(key)
         if key in info and _scalar(value):
-            fields.append((key, value[:MAX_VALUE_CHARS] if isinstance(value, str) else value))  # type: ignore[arg-type]
+            fields.append((key, value[:MAX_VALUE_CHARS] if isinstance(value, str) else value))
     return ServerIdentity(engine, tuple(fields)) if fields else None
 
 

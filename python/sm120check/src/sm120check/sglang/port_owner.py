@@ -46,8 +46,10 @@ class Listener:
 
     @property
     def named(self) -> str:
-        who = f"pid {self.pid} ({self.cmdline or 'command line unreadable'})" if self.pid else "a process whose fds "
-        who += "" if self.pid else f"cannot be read here (socket inode {self.inode}; run as root to name it)"
+        if self.pid is None:
+            who = f"a process whose fds cannot be read here (socket inode {self.inode}; run as root to name it)"
+        else:
+            who = f"pid {self.pid} ({self.cmdline or 'command line unreadable'})"
         return f"{who} listening on {self.address}:{self.port}"
 
 
