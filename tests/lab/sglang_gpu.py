@@ -5,6 +5,7 @@ server's own counters. Artifacts go to $SM120KIT_GPU_OUT."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -245,6 +246,30 @@ def bind_error(server: Server) -> str:
     return next((line for line in server.lines() if startup_log.BIND_ERROR.search(line)), "")
 
 
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's whole process group, SIGKILL to what is left after 30 s; returns once no process of
+    the group is left (bounded), so the next server finds the port free even where a child held its socket."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader
+            if not group_running(proc.pid):
+                return
+            time.sleep(0.2)
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of the group still runs (zombies, reaped by whoever adopted them, do not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text(errors="replace").rpartition(")")[2].split()
+            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+                return True
+    return False
+
+
 def start(name: str, launch: Path, wait: dict[str, Any] | None = None) -> Generator[Server, None, None]:
     """Start the server from the role's launch command and its environment file (NAME.env beside NAME.txt), and wait
     as the role does (its health URL, retries x delay), polling more often; stop its whole process group afterwards.
@@ -287,13 +312,7 @@ def start(name: str, launch: Path, wait: dict[str, Any] | None = None) -> Genera
         check_answerer(server, port)
         yield server
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
+        stop_group(proc)
         server_pids.forget(proc.pid)
         save(f"{name}-server_log_tail.txt", "\n".join(server.lines()[-200:]))
 

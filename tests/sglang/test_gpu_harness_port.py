@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from lab import server_pids, sglang_gpu
+from sm120check.sglang import port_owner
 
 # A stray server: listens on 127.0.0.1 and answers every GET with 200
 SERVER = """
@@ -237,3 +238,29 @@ def test_the_gpu_script_stops_the_server_of_a_pytest_its_timeout_killed(tmp_path
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server, 9)
+
+
+# A server whose child shares its listening socket and ignores SIGTERM (a worker that outlives its parent)
+FORKING = """
+import http.server, os, signal, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+if os.fork() == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+server.serve_forever()
+"""
+
+
+def test_the_next_server_finds_the_port_free_after_a_child_that_ignored_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    (tmp_path / "forking.py").write_text(FORKING)
+    launch = launch_file(tmp_path, [sys.executable, str(tmp_path / "forking.py"), str(port)])
+    servers = sglang_gpu.start("base", launch, wait_for(port))
+    server = next(servers)
+    holders = {item.pid for item in port_owner.listeners(port)}
+    assert holders and holders <= port_owner.process_tree(server.proc.pid)
+    servers.close()
+    assert port_owner.listeners(port) == () and not sglang_gpu.group_running(server.proc.pid)
