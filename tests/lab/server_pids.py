@@ -101,15 +101,26 @@ def forget(pid: int) -> None:
 
 
 def _stop_group(pid: int) -> None:
-    """SIGTERM to the server's process group (it was started in its own session), then SIGKILL after the wait."""
+    """SIGTERM to the server's process group (it was started in its own session), SIGKILL to what is left after the
+    wait; returns once no process of the group runs (bounded)."""
     for sig, wait in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, 10.0)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if _proc_start(pid) is None or _zombie(pid):
+            if not group_running(pid):
                 return
             time.sleep(0.2)
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of the group still runs (zombies, reaped by whoever adopted them, do not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text(errors="replace").rpartition(")")[2].split()
+            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+                return True
+    return False
 
 
 def _zombie(pid: int) -> bool:

@@ -255,19 +255,9 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             proc.poll()  # reap the leader
-            if not group_running(proc.pid):
+            if not server_pids.group_running(proc.pid):
                 return
             time.sleep(0.2)
-
-
-def group_running(pgid: int) -> bool:
-    """Whether a process of the group still runs (zombies, reaped by whoever adopted them, do not count)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text(errors="replace").rpartition(")")[2].split()
-            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-                return True
-    return False
 
 
 def start(name: str, launch: Path, wait: dict[str, Any] | None = None) -> Generator[Server, None, None]:

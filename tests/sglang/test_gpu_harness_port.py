@@ -263,4 +263,4 @@ def test_the_next_server_finds_the_port_free_after_a_child_that_ignored_sigterm(
     holders = {item.pid for item in port_owner.listeners(port)}
     assert holders and holders <= port_owner.process_tree(server.proc.pid)
     servers.close()
-    assert port_owner.listeners(port) == () and not sglang_gpu.group_running(server.proc.pid)
+    assert port_owner.listeners(port) == () and not server_pids.group_running(server.proc.pid)
