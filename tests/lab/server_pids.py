@@ -147,8 +147,11 @@ def stop_recorded(everything: bool = False) -> list[str]:
             elif (now.start_ticks, now.cmdline) != (entry.start_ticks, entry.cmdline):
                 said.append(f"pid {entry.pid} now runs another process ({' '.join(now.cmdline)[:200]}): left alone")
             else:
+                whose = (
+                    "its harness still runs" if _harness_alive(entry) else f"its harness (pid {entry.by[0]}) is gone"
+                )
                 _stop_group(entry.pid)
-                said.append(f"stopped pid {entry.pid} and its process group, left by an earlier call ({shown})")
+                said.append(f"stopped pid {entry.pid} and its process group, {whose} ({shown})")
         entries[:] = kept
     return said
 

@@ -171,7 +171,7 @@ def test_a_killed_harness_leaves_its_server_to_the_next_stop(tmp_path: Path, sta
         harness.kill()  # as GPU_TIMEOUT's kill leaves it: no finally ran
         harness.wait(timeout=10)
         (line,) = server_pids.stop_recorded()
-        assert line.startswith(f"stopped pid {server} and its process group, left by an earlier call (")
+        assert line.startswith(f"stopped pid {server} and its process group, its harness (pid {harness.pid}) is gone (")
         assert not alive(server) and server_pids.recorded() == []
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -208,8 +208,8 @@ def test_holds_its_server_until_killed():
 """
 
 
-def test_the_gpu_script_stops_the_server_of_a_pytest_its_timeout_killed(tmp_path: Path, state_file: Path) -> None:
-    """scripts/device/sglang-server.sh gputests with a GPU_TIMEOUT that kills pytest while its server runs."""
+def script_env(tmp_path: Path, state_file: Path, timeout: int) -> tuple[dict[str, str], Path]:
+    """The environment of scripts/device/sglang-server.sh gputests running one test that holds a server."""
     port = free_port()
     (tmp_path / "server.py").write_text(SERVER)
     (tmp_path / "test_held.py").write_text(HELD)
@@ -221,23 +221,55 @@ def test_the_gpu_script_stops_the_server_of_a_pytest_its_timeout_killed(tmp_path
         "VENV": str(Path(sys.executable).parent.parent),
         "OUT": str(out),
         "GPU_TESTS": str(tmp_path / "test_held.py"),
-        "GPU_TIMEOUT": "20",
+        "GPU_TIMEOUT": str(timeout),
         "SM120KIT_SERVER_STATE": str(state_file),
         "LAUNCH": str(launch),
         "WAIT": json.dumps(wait_for(port)),
         "PID_FILE": str(pid_file),
     }
-    script = Path(__file__).resolve().parents[2] / "scripts" / "device" / "sglang-server.sh"
-    run = subprocess.run(["bash", str(script), "gputests"], capture_output=True, text=True, env=env, timeout=120)
+    return env, pid_file
+
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device" / "sglang-server.sh"
+
+
+def test_the_gpu_script_stops_the_server_of_a_pytest_its_timeout_killed(tmp_path: Path, state_file: Path) -> None:
+    """scripts/device/sglang-server.sh gputests with a GPU_TIMEOUT that kills pytest while its server runs."""
+    env, pid_file = script_env(tmp_path, state_file, 20)
+    run = subprocess.run(["bash", str(SCRIPT), "gputests"], capture_output=True, text=True, env=env, timeout=120)
     assert pid_file.exists(), run.stdout + run.stderr
     server = int(pid_file.read_text())
     try:
         assert "pytest stopped by GPU_TIMEOUT=20" in run.stdout, run.stdout
-        assert f"server_pids: stopped pid {server} and its process group, left by an earlier call" in run.stdout
+        assert f"server_pids: stopped pid {server} and its process group, its harness (pid " in run.stdout
         assert not alive(server)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server, 9)
+
+
+def test_the_gpu_script_stopped_by_a_signal_stops_pytest_and_its_server(tmp_path: Path, state_file: Path) -> None:
+    env, pid_file = script_env(tmp_path, state_file, 300)
+    script = subprocess.Popen(["bash", str(SCRIPT), "gputests"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        for _ in range(600):  # bounded: 60 s for pytest to start its server
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.1)
+        server = int(pid_file.read_text())
+        script.terminate()
+        out, _ = script.communicate(timeout=120)
+        assert script.returncode == 143
+        assert "stopped by a signal: stopping the servers this call started" in out
+        assert f"server_pids: stopped pid {server} and its process group, its harness" in out
+        assert not alive(server)
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait(timeout=10)
+        if pid_file.exists() and pid_file.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pid_file.read_text()), 9)
 
 
 # A server whose child shares its listening socket and ignores SIGTERM (a worker that outlives its parent)
