@@ -38,6 +38,10 @@
 # bounds them (default 560 s).
 # Every process keeps NVLink multicast off (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 # NVSHMEM_DISABLE_NVLS=1). Servers listen on 127.0.0.1 only.
+# No server outlives its call: the harness records each server it starts in /tmp/sm120kit-gpu-servers.json
+# (tests/lab/server_pids.py); a call starts by stopping what an earlier one left there, gputests stops what a pytest
+# killed by GPU_TIMEOUT left, and a trap does the same when this script ends or is stopped (EXIT, TERM, INT). Only
+# recorded pids still running the recorded command line from the recorded start are stopped.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -49,6 +53,19 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$root/python/sm120check/src:$root/tests"
 
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
+
+stop_servers() {  # $1: --all also stops servers of a pytest still running (this script is ending)
+  timeout 120 python3 tests/lab/server_pids.py stop ${1:-}
+}
+on_signal() {
+  log "stopped by a signal: stopping the servers this call started"
+  [[ -n ${pytest_pid:-} ]] && kill -TERM "$pytest_pid" 2>/dev/null
+  stop_servers --all
+  trap - EXIT
+  exit 143
+}
+trap 'stop_servers --all' EXIT
+trap on_signal TERM INT
 
 phase_venv() {
   log "venv: install into $VENV"
@@ -67,11 +84,17 @@ phase_stack() {
 phase_gputests() {
   log "gputests: pytest -m gpu tests/gpu"
   mkdir -p "$out/gpu"
+  stop_servers  # what an earlier call left running
   SM120KIT_GPU_OUT="$out/gpu" timeout "${GPU_TIMEOUT:-560}" "$VENV/bin/python" -m pytest -m gpu \
     ${GPU_TESTS:-tests/gpu --ignore=tests/gpu/test_sglang_policy.py} \
     -p no:cacheprovider -rA \
-    ${PYTEST_K:+-k "$PYTEST_K"} > "$out/pytest-gpu-full.txt" 2>&1
+    ${PYTEST_K:+-k "$PYTEST_K"} > "$out/pytest-gpu-full.txt" 2>&1 &
+  pytest_pid=$!
+  wait "$pytest_pid"
   local rc=$?
+  pytest_pid=
+  stop_servers  # a pytest killed by its timeout cannot stop its servers
+  [[ $rc -eq 124 ]] && log "gputests: pytest stopped by GPU_TIMEOUT=${GPU_TIMEOUT:-560}"
   grep -E '^(FAILED|ERROR|PASSED|SKIPPED)' "$out/pytest-gpu-full.txt" | cut -c1-400
   grep -E '=+ .*(passed|failed|error|skipped).* =+$' "$out/pytest-gpu-full.txt" | tail -1 > "$out/pytest-gpu.txt"
   log "gputests summary: $(cat "$out/pytest-gpu.txt")"

@@ -29,6 +29,8 @@ from bench.real_engine_fixtures import (  # noqa: F401 (fixtures)
 from lab import llamacpp
 from lab.llama_server import LlamaServer, LogRequest, level_truth, parse_log, split_by_time, split_levels
 from sm120check.bench.crossover import interpolate
+from sm120check.bench.identity import CHANGED, SWEEP_CHANGED, LevelIdentity
+from sm120check.bench.records import LevelSummary
 
 LEVELS = (1, 4, 8)
 # The bench's default request count per level, as users run it (real-engine.md: the completions defect read 40 %
@@ -159,6 +161,15 @@ def test_records_say_whether_the_server_speculates(sweep: SweepFactory, server: 
         assert facts.get("speculative") is (server == "spec"), facts
         if server == "spec":
             assert facts.get("speculative_num_steps") == 8, facts
+
+    # the same llama-server from the first level's start to the last level's end: /props names it the same way
+    levels = [LevelSummary.from_json(r, "record") for r in sweep(server, "openai-chat").records]
+    identities = [LevelIdentity.of(level, "record") for level in levels]
+    first = identities[0].start if identities[0] is not None else None
+    assert first is not None and first.engine == "llama.cpp", identities
+    assert {"build_info", "model_path", "total_slots"} <= dict(first.fields).keys()
+    assert all(i is not None and i.start == i.end == first for i in identities)
+    assert not any(CHANGED in level.flags or SWEEP_CHANGED in level.flags for level in levels)
 
 
 @pytest.mark.slow

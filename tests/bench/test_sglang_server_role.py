@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,10 @@ def doctor_report(path: Path, fusion: str, symm: str, sglang: dict[str, str] | N
     return path
 
 
-def run_role(tmp: Path, *tags: str, check: bool = False, **overrides: object) -> subprocess.CompletedProcess[str]:
+def run_role(
+    tmp: Path, *tags: str, check: bool = False, path: Path | None = None, **overrides: object
+) -> subprocess.CompletedProcess[str]:
+    """The role's tasks of `tags` with ansible-playbook; `path` goes first on PATH (a stand-in's directory)."""
     variables: dict[str, object] = {
         "sglang_server_model_path": "/models/Kimi-K2.5-NVFP4",
         "sglang_server_draft_model_path": "/models/Kimi-K2.5-EAGLE3",
@@ -62,6 +66,8 @@ def run_role(tmp: Path, *tags: str, check: bool = False, **overrides: object) ->
     if check:
         cmd.append("--check")
     env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_NOCOLOR": "1"}
+    if path is not None:
+        env["PATH"] = f"{path}:{env.get('PATH', '')}"
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300, check=False)
 
 
@@ -426,3 +432,107 @@ def test_a_model_path_ending_in_a_backslash_keeps_the_units_next_line(tmp_path: 
     lines = (tmp_path / "units" / "sglang-server.service").read_text().splitlines()
     assert "Description=SGLang server for /models/odd" in lines  # was ".../odd\" swallowing After= (probe 3 EN6)
     assert "After=network-online.target" in lines
+
+
+# --- the port: refused when another process holds it, and the listener must be the unit's ----------------------------
+
+LISTENER = (
+    "import socket, sys, time\n"
+    "s = socket.socket()\n"
+    "s.bind(('127.0.0.1', 0))\n"
+    "s.listen()\n"
+    "print(s.getsockname()[1], flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+@dataclass
+class Listening:
+    proc: subprocess.Popen[str]
+    port: int
+
+
+@pytest.fixture
+def listener() -> Iterator[Listening]:
+    """A real process listening on 127.0.0.1 (a stray server, or the unit's own main process)."""
+    proc = subprocess.Popen([sys.executable, "-c", LISTENER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield Listening(proc, int(proc.stdout.readline()))
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def systemd_stand_in(tmp: Path, main_pid: int) -> Path:
+    """A `systemctl` that answers `show` with the unit's properties (systemd does not run on this machine): the
+    role's port check asks it for the unit's MainPID and ControlGroup. Its directory goes first on PATH."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "systemctl").write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = show ] || { echo "stand-in systemctl: only show" >&2; exit 1; }\n'
+        f"printf 'MainPID={main_pid}\\nControlGroup=/system.slice/sglang-server.service\\nActiveState=active\\n'\n"
+    )
+    (bin_dir / "systemctl").chmod(0o755)
+    return bin_dir
+
+
+def run_port_check(
+    tmp: Path, port: int, main_pid: int, *tags: str, wait: bool = False
+) -> subprocess.CompletedProcess[str]:
+    return run_role(
+        tmp,
+        *tags,
+        path=systemd_stand_in(tmp, main_pid),
+        sglang_server_python=str(Path(sys.executable).parent / "python"),
+        sglang_server_port=port,
+        sglang_server_start=True,
+        sglang_server_wait=wait,
+        sglang_server_health_url=f"http://127.0.0.1:{port}/health",
+    )
+
+
+def test_a_port_held_by_another_process_is_refused_before_the_unit_starts(tmp_path: Path, listener: Listening) -> None:
+    unit_main = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        result = run_port_check(tmp_path, listener.port, unit_main.pid, "sglang_server_start")
+    finally:
+        unit_main.kill()
+        unit_main.wait(timeout=10)
+    assert result.returncode != 0
+    out = flat(result.stdout)
+    failure = out[out.index("Refuse a port held by a process outside the unit") :]
+    assert (
+        f"sglang-server cannot start on port {listener.port}: port {listener.port} is held by pid {listener.proc.pid}"
+        in failure
+    )
+    assert "-c import socket, sys, time" in failure  # its command line
+    assert f"not by unit sglang-server (MainPID {unit_main.pid}, active" in failure
+    assert f"Fix: stop it (`kill {listener.proc.pid}`" in failure
+    assert "Start and enable the SGLang server" not in out  # nothing started or restarted
+
+
+def test_the_units_own_listener_passes_before_the_start_and_after_the_wait(tmp_path: Path, listener: Listening) -> None:
+    result = run_port_check(tmp_path, listener.port, listener.proc.pid, "sglang_server_port", wait=True)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (
+        "Find who holds the server's port" in result.stdout and "Find who answers on the server's port" in result.stdout
+    )
+    assert "Refuse a port held" in result.stdout and "Fail when the server answering" in result.stdout
+    assert "failed=0" in result.stdout and "skipped=2" in result.stdout  # the two judges, with nothing to judge
+
+
+def test_the_port_check_is_skipped_in_check_mode_and_when_turned_off(tmp_path: Path, listener: Listening) -> None:
+    """A stray listener, but nothing would start: check mode and sglang_server_port_check: false pass."""
+    stand_in, port = systemd_stand_in(tmp_path, 1), listener.port
+    off = run_role(
+        tmp_path, "sglang_server_port", path=stand_in, sglang_server_port=port, sglang_server_start=True,
+        sglang_server_port_check=False,
+    )  # fmt: skip
+    check = run_role(
+        tmp_path, "sglang_server_port", check=True, path=stand_in, sglang_server_port=port, sglang_server_start=True
+    )
+    for result in (off, check):
+        assert result.returncode == 0, result.stdout[-3000:]
+        assert "failed=0" in result.stdout and "skipped=4" in result.stdout

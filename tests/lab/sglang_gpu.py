@@ -5,6 +5,7 @@ server's own counters. Artifacts go to $SM120KIT_GPU_OUT."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -17,17 +18,19 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from lab import server_pids
 from sm120check.bench import metrics
 from sm120check.bench.server_rate import MIN_LIFETIMES, outside
-from sm120check.sglang import decode_log
+from sm120check.sglang import decode_log, port_owner, startup_log
 
 # The marks of every SGLang server test module in tests/gpu: a GPU and a carried SGLang, or a skip saying which
 MARKS = [
@@ -209,25 +212,84 @@ def environment_file(path: Path) -> dict[str, str]:
     return env
 
 
-def start(name: str, launch: Path) -> Iterator[Server]:
+def port_of(url: str) -> int:
+    return int(urllib.parse.urlsplit(url).port or 80)
+
+
+def refuse_held_port(name: str, port: int) -> None:
+    """Fail before the start when any process listens on the port: the new server could not bind it, and the health
+    URL would answer from the other one (issue #39: a stale server measured in place of the new one)."""
+    found = port_owner.listeners(port)
+    if found:
+        verdict = port_owner.before_start(found, port_owner.Owner("no process yet", None), port, f"the {name} server")
+        pytest.fail(verdict.line)
+
+
+def check_answerer(server: Server, port: int) -> None:
+    """Fail unless the process answering on the port is the server's own process or one of its children; a server
+    that exited while another answers names both."""
+    owner = port_owner.tree_owner(server.proc.pid)
+    found = port_owner.listeners(port)
+    verdict = port_owner.serving(found, owner, port, f"the {server.name} server")
+    if server.proc.poll() is not None:
+        others = ", ".join(item.named for item in found) or "nothing"
+        pytest.fail(
+            f"the {server.name} server (pid {server.proc.pid}) exited {server.proc.returncode} while {others} answers "
+            f"on port {port}:\n" + "\n".join(server.lines()[-30:])
+        )
+    if not verdict.ok:
+        pytest.fail(verdict.line + "\n" + "\n".join(server.lines()[-30:]))
+
+
+def bind_error(server: Server) -> str:
+    """The server's bind error line ("" without one): it never served, whatever it printed after."""
+    return next((line for line in server.lines() if startup_log.BIND_ERROR.search(line)), "")
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's whole process group, SIGKILL to what is left after 30 s; returns once no process of
+    the group is left (bounded), so the next server finds the port free even where a child held its socket."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader
+            if not server_pids.group_running(proc.pid):
+                return
+            time.sleep(0.2)
+
+
+def start(name: str, launch: Path, wait: dict[str, Any] | None = None) -> Generator[Server, None, None]:
     """Start the server from the role's launch command and its environment file (NAME.env beside NAME.txt), and wait
-    as the role does (its health URL, retries x delay), polling more often; stop its whole process group afterwards."""
+    as the role does (its health URL, retries x delay), polling more often; stop its whole process group afterwards.
+    The port must be free before the start, and healthy means this server's own process answers. The server is
+    recorded in the state file (tests/lab/server_pids.py) until it is stopped, so a killed pytest leaves none."""
     argv = shlex.split(launch.read_text())  # the stack venv's python (scripts/device/sglang_stack.py install)
     unit_env = environment_file(launch.with_suffix(".env"))
     save(f"{name}-environment.json", unit_env)
     env = {**child_env(), **unit_env, **SAFE_ENV}  # the file wins, as in the unit; multicast stays off regardless
-    wait = json.loads((LAUNCH / "wait.json").read_text())
+    wait = wait if wait is not None else json.loads((LAUNCH / "wait.json").read_text())
+    port = port_of(wait["health_url"])
+    for line in server_pids.stop_recorded():  # what an earlier call killed before its cleanup left
+        print(f"server_pids: {line}", file=sys.stderr)
+    refuse_held_port(name, port)
     log = OUT / f"{name}.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server_pids.record(proc.pid)
     server = Server(name, wait["health_url"].rsplit("/health", 1)[0], log, launch, proc)
     deadline = time.monotonic() + int(wait["retries"]) * int(wait["delay"])
     try:
         while True:
             if proc.poll() is not None:
+                if port_owner.listeners(port):
+                    check_answerer(server, port)  # names the server that exited and the one answering
                 pytest.fail(
                     f"{name} server exited {proc.returncode} while starting:\n" + "\n".join(server.lines()[-30:])
                 )
+            if failed := bind_error(server):
+                pytest.fail(f"{name} server could not bind port {port} ({failed.strip()}): another process holds it")
             try:
                 with urllib.request.urlopen(wait["health_url"], timeout=5) as response:
                     if response.status == 200:
@@ -237,15 +299,11 @@ def start(name: str, launch: Path) -> Iterator[Server]:
             if time.monotonic() > deadline:
                 pytest.fail(f"{name} server not healthy within the role's bound:\n" + "\n".join(server.lines()[-30:]))
             time.sleep(2)
+        check_answerer(server, port)
         yield server
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
+        stop_group(proc)
+        server_pids.forget(proc.pid)
         save(f"{name}-server_log_tail.txt", "\n".join(server.lines()[-200:]))
 
 

@@ -41,7 +41,8 @@ def recorded(name: str) -> Iterator[str]:
 
 def verify(server: str, log: str, launch: str) -> tuple[int, dict[str, Any]]:
     out = io.StringIO()
-    argv = ["sglang", "verify-launch", "--json", "--url", server, "--log", str(FIXTURES / f"{log}-startup.log")]
+    path = log if "/" in log else str(FIXTURES / f"{log}-startup.log")  # a recorded name or a file
+    argv = ["sglang", "verify-launch", "--json", "--url", server, "--log", path]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         status = cli.main([*argv, "--launch-command", str(LAUNCH / launch)])
     report: dict[str, Any] = json.loads(out.getvalue())
@@ -122,3 +123,42 @@ def test_the_eagle3_servers_decode_lines_carry_its_accept_length() -> None:
     assert all(r.cuda_graph is True for r in rows)
     info = json.loads(FIXTURES.joinpath("spec-server_info.json").read_text())
     assert info["speculative_num_steps"] == 3 and info["decode_log_interval"] == 10
+
+
+# SGLang 0.5.16's HTTP server (uvicorn) on a port another process holds, as the H100 run of issue #39 logged it.
+BIND_ERROR = (
+    "[2026-12-01 22:33:40] ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): "
+    "address already in use"
+)
+
+
+def _log_with_bind_error(tmp: Path, name: str) -> Path:
+    """The recorded startup log with its 'Uvicorn running on' line replaced by the bind error: the run went on to
+    print that it was ready (its warmup reached the process holding the port)."""
+    lines = FIXTURES.joinpath(f"{name}-startup.log").read_text().splitlines()
+    at = next(i for i, text in enumerate(lines) if "Uvicorn running on" in text)
+    lines[at] = BIND_ERROR
+    path = tmp / f"{name}-bind-error.log"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("stale", "launch"), [("base", "base.txt"), ("base", "spec.txt")])
+def test_a_bind_error_is_a_failed_start_even_when_the_log_says_ready(tmp_path: Path, stale: str, launch: str) -> None:
+    """A stale server holds the port and answers /server_info: with the same arguments every verdict is ok, and only
+    the bind error in the new server's log tells that this launch never served."""
+    log = _log_with_bind_error(tmp_path, launch.removesuffix(".txt"))
+    assert "fired up and ready to roll" in log.read_text()
+    with recorded(stale) as where:
+        out, err = io.StringIO(), io.StringIO()
+        argv = ["sglang", "verify-launch", "--url", where, "--log", str(log), "--launch-command", str(LAUNCH / launch)]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            text_status = cli.main(argv)
+        json_status, report = verify(where, str(log), launch)
+    assert text_status == json_status == 1
+    failed = report["failed_start"]
+    assert failed.startswith("failed start: this run's HTTP server could not bind its port (log line ")
+    assert "[Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): address already in use" in failed
+    assert "Fix: stop the process that listens on the port" in failed
+    assert report["problems"][0] == failed
+    assert "the server did not start: the verdicts above judge another process" in out.getvalue()

@@ -30,6 +30,17 @@ from sm120check.bench.engines import (
 )
 from sm120check.bench.goodput import GoodputError, Slo, compute_goodput
 from sm120check.bench.http import Connection, Endpoint, HttpError, has_credentials, redact_url
+from sm120check.bench.identity import (
+    CHANGED,
+    META,
+    SWEEP_CHANGED,
+    LevelIdentity,
+    ServerIdentity,
+    change_message,
+    fetch_identity,
+    identity_from,
+    level_name,
+)
 from sm120check.bench.metrics import Scrape, SpecFamily, family_for, spec_delta
 from sm120check.bench.openloop import HARD_MAX_IN_FLIGHT, OpenLoopStats, RatePlan, peak_in_flight, run_rate_level
 from sm120check.bench.prompts import load_prompt_file, synthetic_prompts, unique_prompt
@@ -322,6 +333,15 @@ def handle(args: argparse.Namespace) -> int:
     failed = sum(s.errors for s in summaries)
     if failed:
         print(f"sm120check bench: {failed} requests failed; see error_samples in the records", file=sys.stderr)
+    changed = [s for s in summaries if CHANGED in s.flags or SWEEP_CHANGED in s.flags]
+    if changed:
+        said = next((w for w in changed[0].warnings if w.startswith("the server changed")), "")
+        print(
+            f"sm120check bench: the server behind {endpoint} changed during the sweep (first at "
+            f"{level_name(changed[0])}: {said}); the records are flagged and `crossover` refuses them: measure again "
+            "against one server",
+            file=sys.stderr,
+        )
     empty = [s for s in summaries if NO_NUMBERS in s.flags]
     if empty and not failed:  # a record without a measurement is no success
         levels_named = ", ".join(
@@ -331,7 +351,39 @@ def handle(args: argparse.Namespace) -> int:
             f"sm120check bench: {levels_named}: no measured request could be counted; see the warnings in the records",
             file=sys.stderr,
         )
-    return Exit.FOUND if failed or code or empty else Exit.OK
+    return Exit.FOUND if failed or code or empty or changed else Exit.OK
+
+
+async def _identity(
+    endpoint: Endpoint, headers: dict[str, str], facts: ServerFacts, timeout: float, info: dict[str, object] | None
+) -> ServerIdentity | None:
+    """The server's identity now: from SGLang's server info (`info` when already read), else the engine's route."""
+    if facts.sglang_info:
+        data = info if info is not None else await fetch_server_info(endpoint, headers, timeout)
+        return identity_from("sglang", data)
+    return await fetch_identity(endpoint, headers, facts.engine, timeout)
+
+
+def _identity_flags(
+    summary: LevelSummary, level: LevelIdentity, previous: ServerIdentity | None, first: ServerIdentity | None
+) -> LevelSummary:
+    """Flag a level whose server changed since the previous level's end or during it (CHANGED), and one whose server
+    is not the sweep's first (SWEEP_CHANGED), with a warning naming both identities."""
+    warnings, flags = list(summary.warnings), list(summary.flags)
+    if previous is not None and level.start is not None and previous.changes(level.start):
+        warnings.append(
+            change_message(previous, level.start, "between the previous level's end and this level's start")
+        )
+    if level.start is not None and level.end is not None and level.start.changes(level.end):
+        warnings.append(change_message(level.start, level.end, "during this level"))
+    if len(warnings) > len(summary.warnings):
+        flags.append(CHANGED)
+    now = level.end or level.start
+    if first is not None and now is not None and first.changes(now):
+        if CHANGED not in flags:
+            warnings.append(change_message(first, now, "since the sweep's first level"))
+        flags.append(SWEEP_CHANGED)
+    return replace(summary, warnings=tuple(warnings), flags=tuple(flags))
 
 
 def default_out(now: datetime.datetime | None = None) -> Path:
@@ -385,7 +437,8 @@ async def _sweep(
         if not args.quiet:
             print(terminal_text(line, one_line=True), file=sys.stderr, flush=True)
 
-    facts = await discover(endpoint, headers, info_timeout, await fetch_server_info(endpoint, headers, info_timeout))
+    first_info = await fetch_server_info(endpoint, headers, info_timeout)
+    facts = await discover(endpoint, headers, info_timeout, first_info)
     _check_api(api, facts, endpoint, bool(args.model))
     model = args.model or ""
     if api is not Api.SGLANG and not model:
@@ -422,6 +475,8 @@ async def _sweep(
         else float(args.requests_per_level or (default_rate_requests(step) if rates else default_requests(int(step))))
         for step in steps
     ]
+    first_identity: ServerIdentity | None = None
+    last_identity: ServerIdentity | None = None
     for number, step in enumerate(steps):
         c = number if rates else int(step)  # a closed level's concurrency; an open level's index (for its prompts)
         name = f"rate {step:g}/s" if rates else f"C={c}"
@@ -452,6 +507,8 @@ async def _sweep(
             prompt = body if reuse else unique_prompt(body, run_id, c, i)
             return RequestSpec(prompt, args.output_len, args.temperature, not args.no_ignore_eos, model, cache_prompt)
 
+        # the first level's start is what the server said just before it (discovery); later ones are read again
+        start_identity = await _identity(endpoint, headers, facts, info_timeout, None if number else first_info)
         before = await scrape_metrics(endpoint, headers, info_timeout) if family else None
         started = datetime.datetime.now(datetime.timezone.utc)
         open_meta: dict[str, Any] = {}
@@ -508,6 +565,7 @@ async def _sweep(
         stalled: HttpError | None = sampler.failure if sampler is not None else None
         level_meta: dict[str, Any] = {}
         info: dict[str, object] = {}
+        end_identity: ServerIdentity | None = None
         if stalled is not None:  # the server stalled or went away as the level ended: ask it nothing more
             summary = replace(summary, warnings=(*summary.warnings, f"/metrics after the level: {stalled}"))
         else:
@@ -518,11 +576,18 @@ async def _sweep(
                         facts = facts.with_scrape(after)
                         summary, level_meta = _metrics_accept(summary, family, before, after)
                 info = await fetch_server_info(endpoint, headers, info_timeout) if facts.sglang_info else {}
+                end_identity = await _identity(
+                    endpoint, headers, facts, info_timeout, info if facts.sglang_info else None
+                )
             except HttpError as exc:  # the level is measured: keep it, then stop
                 stalled = exc
                 summary = replace(summary, warnings=(*summary.warnings, f"server info after the level: {exc}"))
         if stalled is not None:
             summary = replace(summary, flags=(*summary.flags, SERVER_LOST_FLAG))
+        identity = LevelIdentity(start_identity, end_identity)
+        summary = _identity_flags(summary, identity, last_identity, first_identity)
+        first_identity = first_identity or start_identity or end_identity
+        last_identity = end_identity or start_identity
         server_accept, accept_problem = cumulative_accept(info)
         if accept_problem:
             summary = replace(
@@ -539,6 +604,7 @@ async def _sweep(
             level_started_epoch=round(started.timestamp(), 3),
             level_ended_epoch=round(ended.timestamp(), 3),
             server_accept_length_cumulative=server_accept,
+            **{META: identity.to_json()},
             **open_meta,
             **level_meta,
         )

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sm120check.bench.goodput import Goodput, GoodputError
+from sm120check.bench.identity import refuse_changed_server
 from sm120check.bench.percentiles import mean_std
 from sm120check.bench.records import LevelSummary, RecordError
 from sm120check.bench.speculation import FLAG as DRAFT_FLAG
@@ -194,6 +195,8 @@ def group_runs(records: Iterable[LevelSummary], name: str, warnings: list[str]) 
 def analyze(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: tuple[str, str]) -> Analysis:
     """Compare the two sweeps. Raises RecordError when they cannot be compared."""
     warnings: list[str] = []
+    refuse_changed_server(base, names[0])
+    refuse_changed_server(spec, names[1])
     base, spec = _closed_only(base, names[0], warnings), _closed_only(spec, names[1], warnings)
     refuse_unaccepted_draft(spec, names[1])
     base_runs = group_runs(base, names[0], warnings)
@@ -704,6 +707,8 @@ def analyze_mode(
 ) -> ModeAnalysis:
     """Where spec/base of `metric` falls through 1 along `x_axis`. Raises RecordError when it cannot be found."""
     warnings: list[str] = []
+    refuse_changed_server(base, names[0])
+    refuse_changed_server(spec, names[1])
     _check_labels(base, spec, names, warnings)
     return compare_points(
         points(base, names[0], x_axis, metric, warnings),

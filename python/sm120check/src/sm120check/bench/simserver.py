@@ -147,6 +147,8 @@ class SimServer:
         self._engine: asyncio.Task[None] | None = None
         self._ids = 0
         self.steps = 0
+        # Drawn at each start, as SGLang draws its random_seed without --random-seed: two starts tell apart
+        self.random_seed = random.SystemRandom().randrange(1 << 30)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         self._server = await asyncio.start_server(self._handle, host, port, backlog=4096)
@@ -461,6 +463,7 @@ class SimServer:
             "speculative_eagle_topk": 1 if spec else None,
             "speculative_num_draft_tokens": self.model.num_steps + 1 if spec else None,
             "max_running_requests": self.model.max_batch,
+            "random_seed": self.random_seed,
             "sim_model": {k: getattr(self.model, k) for k in ("mode", "a", "b", "c", "d", "tau", "max_batch")},
             "sim_stats": {  # counts, not clocks: what the client did, as the server saw it
                 "requests": self._stats.requests,

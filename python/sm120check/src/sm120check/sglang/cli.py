@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sm120check.exitcodes import Exit
 from sm120check.safetext import terminal_text
-from sm120check.sglang import launch_cli, patch, scan
+from sm120check.sglang import launch_cli, patch, port_cli, scan
 from sm120check.sglang.errors import SglangError
 from sm120check.sglang.state import describe
 from sm120check.sglang.tree import SourceTree, find_installed, flashinfer_version, local_cc, parse_cc, resolve_source
@@ -51,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     fix.add_argument("--revert", action="store_true", help="restore the original files recorded in the ledger")
     fix.set_defaults(handler=run_patch)
     launch_cli.register(actions)  # verify-launch
+    port_cli.register(actions)  # port-owner
 
 
 def _target(args: argparse.Namespace) -> SourceTree | None:

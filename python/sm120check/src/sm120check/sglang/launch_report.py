@@ -10,7 +10,7 @@ SCHEMA = "sm120check.verify-launch/1"
 
 
 def exit_code(report: LaunchReport, strict: bool = False) -> Exit:
-    if report.degraded or (strict and report.unknown):
+    if report.failed or (strict and report.unknown):
         return Exit.FOUND
     return Exit.OK
 
@@ -59,7 +59,8 @@ def to_dict(report: LaunchReport) -> dict[str, object]:
         "lines": [v.line for v in report.verdicts],
         "degraded": [v.expectation.value for v in report.degraded],
         "unknown": [v.expectation.value for v in report.unknown],
-        "problems": [v.line for v in report.degraded],
+        "failed_start": report.failed_start or None,
+        "problems": ([report.failed_start] if report.failed_start else []) + [v.line for v in report.degraded],
         "data": {
             "avg_spec_accept_length": report.info.accept_length if report.info else None,
             "graph_memory_gb": report.info.graph_memory_gb if report.info else None,
@@ -87,8 +88,12 @@ def render(report: LaunchReport) -> str:
         if v.fix:
             lines.append(f"  {'':<9} {'':<12} fix: {v.fix}")
     lines.extend(f"note: {n}" for n in report.notes)
+    if report.failed_start:
+        lines.append(report.failed_start)
     lines = [terminal_text(line, one_line=True) for line in lines]  # the server's version and log text among them
-    if report.degraded:
+    if report.failed_start:
+        lines.append("the server did not start: the verdicts above judge another process")
+    elif report.degraded:
         names = ", ".join(v.expectation.value for v in report.degraded)
         lines.append(f"{len(report.degraded)} of {len(report.verdicts)} degraded: {names}")
     elif report.unknown:

@@ -61,7 +61,12 @@ class LaunchReport:
     log_complete: bool  # the log holds every startup line of the judged run
     info: ServerInfo | None
     notes: tuple[str, ...] = ()
+    failed_start: str = ""  # this run could not bind its port: whatever answers at the URL is another process
     switch: SwitchEvidence | None = None  # the speculation switch's batches, where the log has them
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.degraded or self.failed_start)
 
     @property
     def degraded(self) -> tuple[ExpectationVerdict, ...]:
@@ -265,4 +270,20 @@ def judge(
         notes.append(note)
     if log is not None and log.starts > 1:
         notes.append(f"the log holds {log.starts} server starts; only the last (line {log.start_line}) is judged")
-    return LaunchReport(request, tuple(verdicts), version, version_origin, url, log, complete, info, tuple(notes))
+    failed = bind_failure(log, url) if log is not None else ""
+    return LaunchReport(
+        request, tuple(verdicts), version, version_origin, url, log, complete, info, tuple(notes), failed
+    )
+
+
+def bind_failure(log: LogScan, url: str | None) -> str:
+    """What a bind error in this run's log means ("" without one): the server never served, even where SGLang went
+    on to print that it was ready (its warmup reached the process that holds the port)."""
+    if log.bind_error_line is None:
+        return ""
+    where = f"; the server_info read from {url} is that other process's" if url else ""
+    return (
+        f"failed start: this run's HTTP server could not bind its port (log line {log.bind_error_line}: "
+        f"{log.bind_error}): another process holds it, and this server exited or never served{where}. Fix: stop the "
+        "process that listens on the port (`ss -ltnp` names its pid), then start the server again"
+    )

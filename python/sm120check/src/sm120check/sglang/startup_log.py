@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -10,6 +11,10 @@ from sm120check.sglang.launch_terms import Sign, printable
 
 MAX_LINE_CHARS = 64 << 10  # longer log lines are cut (the server_args line of 0.5.23 is ~25 KiB)
 EVIDENCE_CHARS = 400
+# uvicorn's line when the HTTP port cannot be bound ("[Errno 98] error while attempting to bind on address
+# ('127.0.0.1', 30000): address already in use"). SGLang's warmup then reaches whatever holds the port, may print
+# that it is ready, and exits: this run never served.
+BIND_ERROR = re.compile(r"error while attempting to bind on address (?P<address>\(.{0,300}?\)): (?P<reason>.{0,300})")
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,8 @@ class LogScan:
     starts: int
     ready: bool  # the ready line follows the last start
     matches: tuple[LogMatch, ...]
+    bind_error_line: int | None = None  # this run's HTTP server could not bind its port (BIND_ERROR)
+    bind_error: str = ""
 
     @property
     def covers_start(self) -> bool:
@@ -51,18 +58,22 @@ def scan_log(lines: Iterable[str], source: str, truncated: bool = False) -> LogS
     start_line: int | None = None
     starts = 0
     ready = False
+    bind: tuple[int, str] | None = None
     number = 0
     for number, raw in enumerate(lines, 1):
         line = raw[:MAX_LINE_CHARS]
         if start.compiled.search(line):
             if start_line is None or first or ready:  # the offline Engine logs its arguments twice in a row
                 starts += 1
-            start_line, ready = number, False
+            start_line, ready, bind = number, False, None
             first.clear()
             counts.clear()
             continue
         if ready_line.compiled.search(line):
             ready = True
+            continue
+        if bind is None and BIND_ERROR.search(line):
+            bind = number, printable(line.strip())[:EVIDENCE_CHARS]
             continue
         for pattern in patterns:
             m = pattern.compiled.search(line)
@@ -76,4 +87,5 @@ def scan_log(lines: Iterable[str], source: str, truncated: bool = False) -> LogS
         LogMatch(m.pattern, m.line, m.text, counts[m.pattern.id], m.details)
         for m in sorted(first.values(), key=lambda m: m.line)
     )
-    return LogScan(source, number, truncated, start_line, starts, ready, matches)
+    bind_line, bind_text = bind if bind is not None else (None, "")
+    return LogScan(source, number, truncated, start_line, starts, ready, matches, bind_line, bind_text)

@@ -1,0 +1,298 @@
+"""The GPU harness (tests/lab/sglang_gpu.py `start`) on real processes here: it refuses a port another process holds
+before it starts anything, takes healthy only from its own child, fails naming both when its server exits while
+another answers, and records its servers in the state file until they are stopped (tests/lab/server_pids.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lab import server_pids, sglang_gpu
+from sm120check.sglang import port_owner
+
+# A stray server: listens on 127.0.0.1 and answers every GET with 200
+SERVER = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+# A launch that starts a server in its own session and exits: the server outlives it (issue #39's stale server)
+ORPHANING = """
+import socket, subprocess, sys, time
+server = subprocess.Popen([sys.executable, sys.argv[1], sys.argv[2]], start_new_session=True)
+open(sys.argv[3], "w").write(str(server.pid))
+for _ in range(300):
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_listening(port: int) -> None:
+    for _ in range(300):  # bounded: 30 s
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+
+
+@pytest.fixture(autouse=True)
+def state_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(server_pids, "STATE", tmp_path / "servers.json")
+    monkeypatch.setattr(sglang_gpu, "OUT", tmp_path)
+    return tmp_path / "servers.json"
+
+
+def launch_file(tmp: Path, argv: list[str]) -> Path:
+    launch = tmp / "launch.txt"
+    launch.write_text(" ".join(argv) + "\n")
+    launch.with_suffix(".env").write_text("")
+    return launch
+
+
+def wait_for(port: int) -> dict[str, object]:
+    return {"health_url": f"http://127.0.0.1:{port}/health", "retries": 10, "delay": 3}
+
+
+@pytest.fixture
+def stray(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    port = free_port()
+    (tmp_path / "server.py").write_text(SERVER)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "server.py"), str(port)])
+    try:
+        wait_listening(port)
+        yield proc, port
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_a_port_held_by_another_process_fails_before_the_server_starts(
+    tmp_path: Path, stray: tuple[subprocess.Popen[bytes], int]
+) -> None:
+    proc, port = stray
+    marker = tmp_path / "launched"
+    launch = launch_file(tmp_path, [sys.executable, "-c", f"open('{marker}','w')"])
+    with pytest.raises(pytest.fail.Exception) as failed:
+        next(sglang_gpu.start("base", launch, wait_for(port)))
+    message = str(failed.value)
+    assert f"port {port} is held by pid {proc.pid} (" in message and "server.py" in message
+    assert "not by no process yet: the base server could not bind it" in message
+    assert f"Fix: stop it (`kill {proc.pid}`" in message
+    assert not marker.exists()  # the launch never ran
+
+
+def test_the_harness_takes_healthy_from_its_own_server_and_records_it_until_stopped(
+    tmp_path: Path, state_file: Path
+) -> None:
+    port = free_port()
+    (tmp_path / "server.py").write_text(SERVER)
+    launch = launch_file(tmp_path, [sys.executable, str(tmp_path / "server.py"), str(port)])
+    servers = sglang_gpu.start("base", launch, wait_for(port))
+    server = next(servers)
+    pid = server.proc.pid
+    (recorded,) = server_pids.recorded()
+    assert recorded.pid == pid and recorded.by[0] == os.getpid()
+    assert server_pids.stop_recorded() == []  # its harness (this process) runs: left to it
+    servers.close()
+    assert server.proc.poll() is not None
+    assert server_pids.recorded() == [] and state_file.exists()
+
+
+def test_a_server_that_exits_while_another_answers_fails_naming_both(tmp_path: Path) -> None:
+    port = free_port()
+    (tmp_path / "server.py").write_text(SERVER)
+    (tmp_path / "orphaning.py").write_text(ORPHANING)
+    pid_file = tmp_path / "orphan.pid"
+    launch = launch_file(
+        tmp_path,
+        [sys.executable, str(tmp_path / "orphaning.py"), str(tmp_path / "server.py"), str(port), str(pid_file)],
+    )
+    try:
+        with pytest.raises(pytest.fail.Exception) as failed:
+            next(sglang_gpu.start("spec", launch, wait_for(port)))
+    finally:
+        if pid_file.exists():
+            orphan = int(pid_file.read_text())
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(orphan, 9)
+    message = str(failed.value)
+    assert f"port {port}" in message and f"pid {orphan} (" in message and "server.py" in message
+    assert "the spec server (pid " in message and "exited 0 while" in message
+
+
+# --- no server outlives its call (tests/lab/server_pids.py, scripts/device/sglang-server.sh) ----------------------
+
+HARNESS = """
+import subprocess, sys, time
+from lab import server_pids
+server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+server_pids.record(server.pid)
+print(server.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def alive(pid: int) -> bool:
+    now = server_pids.describe(pid)
+    return now is not None and not server_pids._zombie(pid)
+
+
+def test_a_killed_harness_leaves_its_server_to_the_next_stop(tmp_path: Path, state_file: Path) -> None:
+    env = {**os.environ, "SM120KIT_SERVER_STATE": str(state_file), "PYTHONPATH": os.pathsep.join(sys.path)}
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS], stdout=subprocess.PIPE, text=True, env=env)
+    assert harness.stdout is not None
+    server = int(harness.stdout.readline())
+    try:
+        assert server_pids.stop_recorded() == []  # its harness still runs: not ours to stop
+        assert alive(server)
+        harness.kill()  # as GPU_TIMEOUT's kill leaves it: no finally ran
+        harness.wait(timeout=10)
+        (line,) = server_pids.stop_recorded()
+        assert line.startswith(f"stopped pid {server} and its process group, its harness (pid {harness.pid}) is gone (")
+        assert not alive(server) and server_pids.recorded() == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server, 9)
+
+
+def test_a_recorded_pid_that_now_runs_another_command_is_left_alone(tmp_path: Path) -> None:
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        now = server_pids.describe(other.pid)
+        assert now is not None
+        # the entry a reused pid would leave: same pid, another server's command line
+        with server_pids._locked() as entries:
+            entries.append(server_pids.Started(other.pid, now.start_ticks, ("python", "-m", "sglang.launch_server")))
+        (line,) = server_pids.stop_recorded()
+        assert line.startswith(f"pid {other.pid} now runs another process (") and line.endswith("left alone")
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait(timeout=10)
+
+
+HELD = """
+import json, os, time
+from pathlib import Path
+import pytest
+from lab import sglang_gpu
+pytestmark = pytest.mark.gpu
+def test_holds_its_server_until_killed():
+    wait = json.loads(os.environ["WAIT"])
+    for server in sglang_gpu.start("held", Path(os.environ["LAUNCH"]), wait):
+        Path(os.environ["PID_FILE"]).write_text(str(server.proc.pid))
+        time.sleep(300)
+"""
+
+
+def script_env(tmp_path: Path, state_file: Path, timeout: int) -> tuple[dict[str, str], Path]:
+    """The environment of scripts/device/sglang-server.sh gputests running one test that holds a server."""
+    port = free_port()
+    (tmp_path / "server.py").write_text(SERVER)
+    (tmp_path / "test_held.py").write_text(HELD)
+    launch = launch_file(tmp_path, [sys.executable, str(tmp_path / "server.py"), str(port)])
+    pid_file, out = tmp_path / "server.pid", tmp_path / "out"
+    out.mkdir()
+    env = {
+        **os.environ,
+        "VENV": str(Path(sys.executable).parent.parent),
+        "OUT": str(out),
+        "GPU_TESTS": str(tmp_path / "test_held.py"),
+        "GPU_TIMEOUT": str(timeout),
+        "SM120KIT_SERVER_STATE": str(state_file),
+        "LAUNCH": str(launch),
+        "WAIT": json.dumps(wait_for(port)),
+        "PID_FILE": str(pid_file),
+    }
+    return env, pid_file
+
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device" / "sglang-server.sh"
+
+
+def test_the_gpu_script_stops_the_server_of_a_pytest_its_timeout_killed(tmp_path: Path, state_file: Path) -> None:
+    """scripts/device/sglang-server.sh gputests with a GPU_TIMEOUT that kills pytest while its server runs."""
+    env, pid_file = script_env(tmp_path, state_file, 20)
+    run = subprocess.run(["bash", str(SCRIPT), "gputests"], capture_output=True, text=True, env=env, timeout=120)
+    assert pid_file.exists(), run.stdout + run.stderr
+    server = int(pid_file.read_text())
+    try:
+        assert "pytest stopped by GPU_TIMEOUT=20" in run.stdout, run.stdout
+        assert f"server_pids: stopped pid {server} and its process group, its harness (pid " in run.stdout
+        assert not alive(server)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server, 9)
+
+
+def test_the_gpu_script_stopped_by_a_signal_stops_pytest_and_its_server(tmp_path: Path, state_file: Path) -> None:
+    env, pid_file = script_env(tmp_path, state_file, 300)
+    script = subprocess.Popen(["bash", str(SCRIPT), "gputests"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        for _ in range(600):  # bounded: 60 s for pytest to start its server
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.1)
+        server = int(pid_file.read_text())
+        script.terminate()
+        out, _ = script.communicate(timeout=120)
+        assert script.returncode == 143
+        assert "stopped by a signal: stopping the servers this call started" in out
+        assert f"server_pids: stopped pid {server} and its process group, its harness" in out
+        assert not alive(server)
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait(timeout=10)
+        if pid_file.exists() and pid_file.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pid_file.read_text()), 9)
+
+
+# A server whose child shares its listening socket and ignores SIGTERM (a worker that outlives its parent)
+FORKING = """
+import http.server, os, signal, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+if os.fork() == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+server.serve_forever()
+"""
+
+
+def test_the_next_server_finds_the_port_free_after_a_child_that_ignored_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    (tmp_path / "forking.py").write_text(FORKING)
+    launch = launch_file(tmp_path, [sys.executable, str(tmp_path / "forking.py"), str(port)])
+    servers = sglang_gpu.start("base", launch, wait_for(port))
+    server = next(servers)
+    holders = {item.pid for item in port_owner.listeners(port)}
+    assert holders and holders <= port_owner.process_tree(server.proc.pid)
+    servers.close()
+    assert port_owner.listeners(port) == () and not server_pids.group_running(server.proc.pid)
