@@ -267,7 +267,12 @@ def test_a_healthy_launch_is_ok_on_every_expectation(tmp_path: Path, docs: Docs,
     assert report["degraded"] == [] and report["unknown"] == []
     assert report["sglang_version"] == version and report["version_origin"] == "server_info"
     assert "avg_spec_accept_length 2.41" in str(run.verdict("speculative")["summary"])
-    assert report["data"] == {"avg_spec_accept_length": 2.41, "graph_memory_gb": 1.37, "max_running_requests": None}
+    assert report["data"] == {
+        "avg_spec_accept_length": 2.41,
+        "graph_memory_gb": 1.37,
+        "max_running_requests": None,
+        "plain_decode": None,  # no speculation switch in this server's log
+    }
 
 
 @pytest.mark.slow

@@ -253,9 +253,9 @@ def _model_of(f: Finding) -> str:
     return f.id.split(":", 1)[1] if ":" in f.id else ""
 
 
-def render(report: ScanReport, model: str = "") -> str:
+def render(report: ScanReport, model: str = "", every_model: bool = False) -> str:
     """The summary line first, then the findings; EAGLE-3 model findings as counts unless `model` narrows them to
-    the models whose class name holds it (case-insensitive)."""
+    the models whose class name holds it (case-insensitive), or `every_model` lists them all (the doctor's details)."""
     core = [f for f in report.findings if not f.id.startswith(EAGLE_PREFIX)]
     eagle3 = [f for f in report.findings if f.id.startswith(EAGLE_PREFIX)]
     counts = {word: sum(_status(f) == word for f in report.findings) for word in ("FAIL", "WARN", "PASS")}
@@ -273,7 +273,9 @@ def render(report: ScanReport, model: str = "") -> str:
         + f"(holding self.{', self.'.join(eagle.HELD_ATTRS)}), {len(report.eagle.unsupported)} without EAGLE-3 support",
     ]
     lines += [f"  {_status(f):<4}  {f.summary}" for f in core]
-    if model:
+    if every_model:
+        lines += [f"  {_status(f):<4}  {f.summary}" for f in eagle3]
+    elif model:
         chosen = [f for f in eagle3 if model.lower() in _model_of(f).lower()]
         lines += [f"  {_status(f):<4}  {f.summary}" for f in chosen]
         if not chosen:

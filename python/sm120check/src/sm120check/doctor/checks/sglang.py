@@ -64,7 +64,7 @@ class SglangSm120:
             "failing": [f.id for f in failing],
             "wrapper_gaps": len(found.eagle.wrapper_gaps),
         }
-        details = report.render(found)
+        details = report.render(found, every_model=True)
         if found.needs_patch:
             fixable = [f for f in failing if f.patchable]
             summary = f"SGLang {found.version}: {len(fixable)} gap(s) for compute capability {found.cc}"
