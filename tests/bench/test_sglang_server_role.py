@@ -536,3 +536,24 @@ def test_the_port_check_is_skipped_in_check_mode_and_when_turned_off(tmp_path: P
     for result in (off, check):
         assert result.returncode == 0, result.stdout[-3000:]
         assert "failed=0" in result.stdout and "skipped=4" in result.stdout
+
+
+# --- the speculation switch's threshold: in the unit's environment, or refused ----------------------------------------
+
+
+@pytest.mark.parametrize(("value", "line"), [(30, 'SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="30"'), (0, None)])
+def test_the_switch_threshold_goes_into_the_units_environment(tmp_path: Path, value: int, line: str | None) -> None:
+    doctor_report(tmp_path / "doctor.json", "pass", "pass")
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_plain_decode_min_bs=value)
+    assert result.returncode == 0, result.stdout[-3000:]
+    env = (tmp_path / "etc" / "environment").read_text().splitlines()
+    assert (line in env) if line else not any("SGLANG_SM120KIT" in e for e in env)
+    assert "--speculative-adaptive" not in command(tmp_path)  # a static launch: the threshold needs no adaptive mode
+
+
+@pytest.mark.parametrize("value", [-1, "abc", 2.5])
+def test_a_bad_switch_threshold_is_refused_before_anything_is_written(tmp_path: Path, value: object) -> None:
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_plain_decode_min_bs=value)
+    assert result.returncode != 0
+    assert "sglang_server_plain_decode_min_bs" in flat(result.stdout)  # the argument spec's or the role's check
+    assert not (tmp_path / "etc").exists()
