@@ -24,9 +24,9 @@
 #   switch    the speculation switch (tests/gpu/test_sglang_switch.py: the plain server, then the EAGLE-3 server
 #             patched with --plain-decode; greedy outputs token for token across the switch, rates at C=1/30/100;
 #             about 7 minutes)
-#   envelope-curves, envelope-policy  issue #33's five curves in two calls on one warm machine
-#             (tests/gpu/test_sglang_envelope.py: base, EAGLE-3 at 3 and 7 steps; then the tiers, the policy server
-#             with the switch, SGLang's adaptive mode, table.json; about 7 and 5 minutes)
+#   envelope-a, envelope-b, envelope-c  issue #33's five curves in three calls on one warm machine
+#             (tests/gpu/test_sglang_envelope.py: the base and 3-step sweeps; the 7-step sweep, the tiers and the
+#             policy server with the switch; SGLang's adaptive mode and table.json; about 5, 5 and 3 minutes)
 #   pcie      what this machine's PCIe readers see (issue #25): /proc/cmdline, /sys/class/iommu, the IOMMU groups,
 #             lspci -vvv of every NVIDIA device and its bridges, the kernel log's DMAR/AMD-Vi lines, and the doctor's
 #             iommu and pcie_acs checks, into $OUT/pcie
@@ -140,12 +140,17 @@ phase_switch() {
   GPU_TESTS=tests/gpu/test_sglang_switch.py GPU_TIMEOUT=${GPU_TIMEOUT:-560} phase_gputests
 }
 
-phase_envelope_curves() {
-  GPU_TESTS=tests/gpu/test_sglang_envelope.py PYTEST_K=TestEnvelopeCurves GPU_TIMEOUT=${GPU_TIMEOUT:-560} phase_gputests
+phase_envelope_a() {
+  GPU_TESTS=tests/gpu/test_sglang_envelope.py PYTEST_K="TestEnvelopeCurves and not spec-7" phase_gputests
 }
 
-phase_envelope_policy() {
-  GPU_TESTS=tests/gpu/test_sglang_envelope.py PYTEST_K=TestEnvelopePolicy GPU_TIMEOUT=${GPU_TIMEOUT:-560} phase_gputests
+phase_envelope_b() {
+  GPU_TESTS=tests/gpu/test_sglang_envelope.py PYTEST_K="spec-7 or test_sweep_the_policy_server" phase_gputests
+}
+
+phase_envelope_c() {
+  GPU_TESTS=tests/gpu/test_sglang_envelope.py \
+    PYTEST_K="test_sweep_sglangs_adaptive_mode or test_the_policy_is_on_the_envelope" phase_gputests
 }
 
 phase_pcie() {
