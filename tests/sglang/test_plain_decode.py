@@ -158,3 +158,40 @@ def test_the_upstream_patch_file_is_the_switch_and_git_applies_it(tmp_path: Path
     )
     assert run.returncode == 0, run.stderr
     assert _worker(tree) == plain_decode.add_switch(original, version)
+
+
+SWITCH_LOG = Path(__file__).resolve().parent / "fixtures" / "h100-switch-0.5.16.log"
+
+
+def _verify(log: Path, *extra: str) -> tuple[int, dict[str, object]]:
+    status, out = run_cli("verify-launch", "--log", str(log), "--expect", "cuda-graph", "--json", *extra)
+    return status, json.loads(out)
+
+
+def test_verify_launch_holds_the_real_servers_batches_against_its_threshold() -> None:
+    status, report = _verify(SWITCH_LOG, "--plain-decode-min-bs", "30")
+    data = report["data"]
+    assert isinstance(data, dict)
+    switch = data["plain_decode"]
+    assert isinstance(switch, dict) and switch["ready"] is True and switch["decode_batches"] == 8000
+    assert report["problems"] == [] and status == 0
+    assert any("decode batches ran plain at batch sizes 30-100" in str(n) for n in report["notes"])  # type: ignore[union-attr]
+
+
+def test_verify_launch_names_batches_on_the_wrong_side_of_the_threshold() -> None:
+    status, report = _verify(SWITCH_LOG, "--plain-decode-min-bs", "10")
+    assert status == 1
+    problems = report["problems"]
+    assert isinstance(problems, list) and len(problems) == 1
+    assert "speculative ones of [16] at or above it" in problems[0]
+
+
+def test_verify_launch_fails_a_threshold_the_server_never_had(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("".join(line for line in SWITCH_LOG.read_text().splitlines(True) if "sm120kit" not in line))
+    status, report = _verify(log, "--plain-decode-min-bs", "30")
+    assert status == 1
+    assert "never logged `sm120kit plain decode: ready`" in str(report["problems"])
+    assert "sglang patch --plain-decode" in str(report["problems"])
+    status, report = _verify(log)  # no threshold asked: the absent switch is no problem
+    assert status == 0 and report["data"]["plain_decode"] is None  # type: ignore[index]

@@ -97,6 +97,13 @@ def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=16.0,
         help=f"read at most the last N MiB of log (at most {MAX_LOG_MIB}: it is held in memory)",
     )
+    p.add_argument(
+        "--plain-decode-min-bs",
+        metavar="N",
+        type=argtypes.whole(1, 1 << 20, unit="of requests"),
+        help="the speculation switch's threshold the server was started with: exit 1 when its log lacks the switch, "
+        "or shows plain batches below N or speculative ones at N or more",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 when a verdict is unknown, too")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run)
@@ -344,9 +351,13 @@ def verify(args: argparse.Namespace) -> LaunchReport:
         version, origin = None, ""
     report = judge(request, info, scan, version, origin, endpoint.shown if endpoint else None)
     switch = plain_decode.evidence(lines)
+    min_bs = getattr(args, "plain_decode_min_bs", None)
+    if switch is None and min_bs is not None and scan is not None:
+        switch = plain_decode.SwitchEvidence(False, 0, {}, {})
     if switch is None:
         return report
-    return dataclasses.replace(report, switch=switch, notes=(*report.notes, switch.note))
+    problem = switch.against(min_bs) if min_bs is not None else ""
+    return dataclasses.replace(report, switch=switch, notes=(*report.notes, switch.note), switch_problem=problem)
 
 
 def run(args: argparse.Namespace) -> int:

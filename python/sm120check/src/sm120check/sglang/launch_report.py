@@ -60,7 +60,9 @@ def to_dict(report: LaunchReport) -> dict[str, object]:
         "degraded": [v.expectation.value for v in report.degraded],
         "unknown": [v.expectation.value for v in report.unknown],
         "failed_start": report.failed_start or None,
-        "problems": ([report.failed_start] if report.failed_start else []) + [v.line for v in report.degraded],
+        "problems": ([report.failed_start] if report.failed_start else [])
+        + [v.line for v in report.degraded]
+        + ([report.switch_problem] if report.switch_problem else []),
         "data": {
             "avg_spec_accept_length": report.info.accept_length if report.info else None,
             "graph_memory_gb": report.info.graph_memory_gb if report.info else None,
@@ -90,9 +92,13 @@ def render(report: LaunchReport) -> str:
     lines.extend(f"note: {n}" for n in report.notes)
     if report.failed_start:
         lines.append(report.failed_start)
+    if report.switch_problem:
+        lines.append(report.switch_problem)
     lines = [terminal_text(line, one_line=True) for line in lines]  # the server's version and log text among them
     if report.failed_start:
         lines.append("the server did not start: the verdicts above judge another process")
+    elif report.switch_problem:
+        lines.append("the speculation switch is not as launched")
     elif report.degraded:
         names = ", ".join(v.expectation.value for v in report.degraded)
         lines.append(f"{len(report.degraded)} of {len(report.verdicts)} degraded: {names}")

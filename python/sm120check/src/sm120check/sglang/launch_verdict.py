@@ -63,10 +63,11 @@ class LaunchReport:
     notes: tuple[str, ...] = ()
     failed_start: str = ""  # this run could not bind its port: whatever answers at the URL is another process
     switch: SwitchEvidence | None = None  # the speculation switch's batches, where the log has them
+    switch_problem: str = ""  # the switch's batches against the launch's threshold (--plain-decode-min-bs)
 
     @property
     def failed(self) -> bool:
-        return bool(self.degraded or self.failed_start)
+        return bool(self.degraded or self.failed_start or self.switch_problem)
 
     @property
     def degraded(self) -> tuple[ExpectationVerdict, ...]:

@@ -315,6 +315,24 @@ class SwitchEvidence:
         spec = f"; speculative at {min(self.speculative)}-{max(self.speculative)}" if self.speculative else ""
         return f"speculation switch: {share:.0%} of {self.decode_batches} decode batches ran plain{where}{spec}"
 
+    def against(self, min_bs: int) -> str:
+        """What contradicts a launch whose threshold is `min_bs` ("" when nothing does)."""
+        if not self.ready:
+            return (
+                f"speculation switch: the launch asks for plain decode from batch {min_bs}, and this server never "
+                "logged `sm120kit plain decode: ready`. Fix: sm120check sglang patch --plain-decode (role variable "
+                "sglang_sm120_plain_decode: true), then restart the server"
+            )
+        early = sorted(b for b in self.plain if b < min_bs)
+        late = sorted(b for b in self.speculative if b >= min_bs)
+        if early or late:
+            return (
+                f"speculation switch: asked for plain decode from batch {min_bs}, the server ran plain batches of "
+                f"{early or 'none'} below it and speculative ones of {late or 'none'} at or above it. Fix: check "
+                "SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS in the unit's environment (sglang_server_plain_decode_min_bs)"
+            )
+        return ""
+
     def to_dict(self) -> dict[str, object]:
         return {
             "ready": self.ready,
