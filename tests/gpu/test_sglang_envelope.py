@@ -1,15 +1,16 @@
-"""Issue #33 on a real SGLang 0.5.16 server, in two calls on one warm machine: the five curves at the account's levels.
+"""Issue #33 on a real SGLang 0.5.16 server, in three calls on one warm machine: the five curves at the account's
+levels.
 
-`scripts/device/sglang-server.sh venv envelope-a`, then `envelope-b` and `envelope-c`, patch SGLang with `--plain-decode` and sweeps the plain
-server (base.txt), EAGLE-3 at 3 steps (spec-uncapped.txt) and at 7 steps (spec-7-uncapped.txt), all uncapped; the
-switch is in the tree but stays off in them (no threshold, no 0-step slot: their logs show no plain batch).
-`envelope-b` builds the tiers from those three sweeps (sm120check.bench.tiers, the switch known from the patch
-state), starts the static launch that realises them (switch-7.txt or switch.txt, whose threshold the role renders;
-this test writes the measured one into a copy of its .env), sweeps it, and `envelope-c` SGLang's own adaptive mode with its
-defaults (sglang-adaptive.txt, the anchor), and writes the record: table.json, the five curves' PNG where matplotlib
-is (the lent image has none: `python3 tests/gpu/test_sglang_envelope.py table.json curves.png` draws it here), the
-batches the policy server ran plain and speculative per batch size, and the steady decode rate at batch 30 and 100
-beside the plain server's. Sweeps wait for the next call in /tmp/sm120kit-envelope.
+`scripts/device/sglang-server.sh venv envelope-a` patches SGLang with `--plain-decode` and sweeps the plain server
+(base.txt) and EAGLE-3 at 3 steps (spec-uncapped.txt); `envelope-b` EAGLE-3 at 7 steps (spec-7-uncapped.txt), all
+uncapped (the switch is in the tree but stays off in them: no threshold, no 0-step slot, no plain batch in their
+logs), then builds the tiers from the three sweeps (sm120check.bench.tiers, the switch known from the patch state),
+starts the static launch that realises them (switch-7.txt or switch.txt, whose threshold the role renders; this test
+writes the measured one into a copy of its .env) and sweeps it; `envelope-c` sweeps SGLang's own adaptive mode with
+its defaults (sglang-adaptive.txt, the anchor) and writes the record: table.json, the five curves' PNG where
+matplotlib is (the lent image has none: `python3 tests/gpu/test_sglang_envelope.py table.json curves.png` draws it
+here), the batches the policy server ran plain and speculative per batch size, and the steady decode rate at batch
+30 and 100 beside the plain server's. Sweeps wait for the next call in /tmp/sm120kit-envelope.
 """
 
 from __future__ import annotations
