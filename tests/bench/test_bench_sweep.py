@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from bench.conftest import Sim, run_subcommand
+from sm120check.bench.cli import switch_meta
 from sm120check.bench.closedloop import RequestRecord, summarize
 from sm120check.bench.records import read_jsonl
 from sm120check.bench.simserver import SimModel
+from sm120check.sglang import plain_decode
 
 
 def bench(sim: Sim, out: Path, *extra: str) -> int:
@@ -114,3 +116,33 @@ def test_bad_concurrency_list_is_a_usage_error(levels: str, capsys: pytest.Captu
 def test_bad_url_names_the_value_and_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_subcommand("bench", "--url", "127.0.0.1:30000") == 2
     assert "give one like http://127.0.0.1:30000" in capsys.readouterr().err
+
+
+SWITCH_LOG = Path(__file__).resolve().parents[1] / "sglang" / "fixtures" / "h100-switch-0.5.16.log"
+
+
+def test_server_log_gives_each_level_the_switchs_batches(spec_sim: Sim, tmp_path: Path) -> None:
+    """--server-log: the level's plain and speculative decode batches per batch size, the growth of the patch's
+    cumulative counts (the real H100 server's lines) between the level's start and end."""
+    log = tmp_path / "server.log"
+    lines = SWITCH_LOG.read_text().splitlines(keepends=True)
+    counts = [i for i, line in enumerate(lines) if "sm120kit plain decode batches:" in line]
+    log.write_text("".join(lines[: counts[-2] + 1]))  # the second-last count line only, before the level
+    out = tmp_path / "r.jsonl"
+    assert bench(spec_sim, out, "--concurrency", "2", "--duration", "0.3", "--server-log", str(log)) == 0
+    first = json.loads(out.read_text().splitlines()[0])
+    assert first["plain_decode_batches"] == {"plain": {}, "speculative": {}}  # no line came during the level
+
+    before = plain_decode.counts(lines[: counts[-2] + 1])
+    after = plain_decode.counts(lines)
+    assert before is not None and after is not None
+    grew = switch_meta(before, after)["plain_decode_batches"]
+    assert isinstance(grew, dict)
+    assert sum(grew["plain"].values()) + sum(grew["speculative"].values()) == 200  # one count line apart
+    assert switch_meta(None, None) == {}
+
+
+def test_without_server_log_no_switch_field(spec_sim: Sim, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    assert bench(spec_sim, out, "--concurrency", "2", "--duration", "0.3") == 0
+    assert "plain_decode_batches" not in json.loads(out.read_text().splitlines()[0])

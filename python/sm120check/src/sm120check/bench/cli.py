@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sm120check import __version__, argtypes
+from sm120check import __version__, argtypes, bounded
 from sm120check.bench.apis import Api, RequestSpec
 from sm120check.bench.arrivals import Arrivals
 from sm120check.bench.closedloop import NO_NUMBERS, LevelPlan, run_level, summarize
@@ -51,6 +51,7 @@ from sm120check.bench.speculation import FLAG as DRAFT_FLAG
 from sm120check.bench.speculation import draft_problem
 from sm120check.exitcodes import Exit
 from sm120check.safetext import terminal_text
+from sm120check.sglang import plain_decode
 
 DEFAULT_LEVELS = "1,2,5,10,30,70,100,250"
 API_KEY_ENV = "OPENAI_API_KEY"
@@ -221,6 +222,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--label", default="", help="sweep label, e.g. base or spec")
     p.add_argument(
+        "--server-log",
+        type=Path,
+        metavar="FILE",
+        help="the SGLang server's log: each level records the batches the speculation switch ran plain and "
+        "speculative per batch size (its `sm120kit plain decode batches:` lines, every 200 decode batches)",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         help="append one JSONL record per level here (default: a new bench-YYYYmmddTHHMMSS.jsonl in the current "
@@ -386,6 +394,32 @@ def _identity_flags(
     return replace(summary, warnings=tuple(warnings), flags=tuple(flags))
 
 
+def switch_counts(log: Path | None) -> dict[str, object] | None:
+    """The speculation switch's cumulative batch counts in the server's log now (None: no log, or no such line)."""
+    if log is None:
+        return None
+    try:
+        data, truncated = bounded.read_tail(log, 4 << 20)
+    except bounded.Unreadable:
+        return None
+    lines = data.decode("utf-8", "replace").splitlines()
+    return plain_decode.counts(lines[1:] if truncated else lines)
+
+
+def switch_meta(before: dict[str, object] | None, after: dict[str, object] | None) -> dict[str, object]:
+    """The level's plain and speculative decode batches per batch size, from the counts around it ({} without)."""
+    if after is None:
+        return {}
+    out: dict[str, object] = {}
+    for kind in ("plain", "speculative"):
+        now, then = after.get(kind), (before or {}).get(kind) or {}
+        if not isinstance(now, dict) or not isinstance(then, dict):
+            return {}
+        grew = {b: int(n) - int(then.get(b, 0)) for b, n in sorted(now.items())}
+        out[kind] = {str(b): n for b, n in grew.items() if n > 0}
+    return {"plain_decode_batches": out}
+
+
 def default_out(now: datetime.datetime | None = None) -> Path:
     """Where the records go without --out: bench-<UTC time>.jsonl in the current directory."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
@@ -509,6 +543,7 @@ async def _sweep(
 
         # the first level's start is what the server said just before it (discovery); later ones are read again
         start_identity = await _identity(endpoint, headers, facts, info_timeout, None if number else first_info)
+        switch_before = switch_counts(getattr(args, "server_log", None))
         before = await scrape_metrics(endpoint, headers, info_timeout) if family else None
         started = datetime.datetime.now(datetime.timezone.utc)
         open_meta: dict[str, Any] = {}
@@ -604,6 +639,7 @@ async def _sweep(
             level_started_epoch=round(started.timestamp(), 3),
             level_ended_epoch=round(ended.timestamp(), 3),
             server_accept_length_cumulative=server_accept,
+            **switch_meta(switch_before, switch_counts(getattr(args, "server_log", None))),
             **{META: identity.to_json()},
             **open_meta,
             **level_meta,
