@@ -111,6 +111,14 @@ def crossover(base: Path, spec: Path) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
+def base_sweep(plain_sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("base") / "base.jsonl"
+    args = ["--url", plain_sim.url, "--concurrency", "1,2", "--quiet", "--pause", "0", *BENCH, "--out", str(out)]
+    assert run_subcommand("bench", *args) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
 def spec_sweep(spec_sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("spec") / "spec.jsonl"
     args = ["--url", spec_sim.url, "--concurrency", "1,2", "--quiet", "--pause", "0", *BENCH, "--out", str(out)]
@@ -163,11 +171,11 @@ def test_crossover_refuses_levels_of_one_run_from_two_servers_even_unflagged(
     ],
 )
 def test_crossover_refuses_a_malformed_identity_naming_the_field(
-    spec_sweep: Path, tmp_path: Path, identity: object, said: str
+    base_sweep: Path, spec_sweep: Path, tmp_path: Path, identity: object, said: str
 ) -> None:
     rows = [json.loads(line) for line in spec_sweep.read_text().splitlines()]
     rows[0]["server_identity"] = identity
     bad = tmp_path / "bad.jsonl"
     bad.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    status, err = crossover(bad, spec_sweep)
+    status, err = crossover(base_sweep, bad)
     assert status == 2 and said in err

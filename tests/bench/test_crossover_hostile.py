@@ -170,8 +170,12 @@ def _zero_rows(path: Path, rows: list[tuple[int, float, dict[str, object]]]) -> 
 
 def _policy_sweeps(tmp_path: Path, meta: dict[str, object] | None = None) -> tuple[Path, Path]:
     base, spec = tmp_path / "base.jsonl", tmp_path / "spec.jsonl"
-    for path, label, points in ((base, "base", {1: 90.0, 10: 500.0}), (spec, "spec", {1: 130.0, 10: 400.0})):
-        rows = [LevelSummary(c, t, 10.0, int(t * 10), 20, 0, label, "r1", meta=meta or {}) for c, t in points.items()]
+    plain = {**meta, "server": {**meta["server"], "speculative": False}} if meta else {}  # type: ignore[dict-item]
+    for path, label, points, said in (
+        (base, "base", {1: 90.0, 10: 500.0}, plain),
+        (spec, "spec", {1: 130.0, 10: 400.0}, meta or {}),
+    ):
+        rows = [LevelSummary(c, t, 10.0, int(t * 10), 20, 0, label, "r1", meta=said) for c, t in points.items()]
         append_jsonl(path, rows)
     return base, spec
 
