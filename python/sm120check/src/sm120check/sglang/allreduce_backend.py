@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from sm120check import versions
 from sm120check.sglang.launch_terms import printable
 
 ENV_ENABLE = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
@@ -205,3 +206,30 @@ def scan(lines: Sequence[str], start: int = 1, complete: bool = True) -> Backend
             matches,
         )
     return BackendEvidence(Backend.UNKNOWN, "the log does not hold this run's whole startup", matches)
+
+
+UNKNOWN_FROM_INFO = (
+    f"SGLang's /server_info does not carry the server's environment ({ENV_ENABLE}): give the bench the server's log "
+    "(--server-log FILE)"
+)
+
+
+def from_server_info(info: Mapping[str, object]) -> tuple[Backend, str]:
+    """What SGLang's /server_info alone tells of the backend: one rank (none), a release without PCIe-IPC (default),
+    else unknown (the switch is an environment variable, which /server_info does not show)."""
+    tp = info.get("tp_size")
+    if isinstance(tp, int) and not isinstance(tp, bool) and tp == 1:
+        return Backend.NONE, "tp_size 1: one rank, no all-reduce"
+    version = info.get("version")
+    parsed = versions.parse_or_none(version if isinstance(version, str) else None)
+    if parsed is not None and parsed < versions.parse(FIRST_RELEASE):
+        return Backend.DEFAULT, f"SGLang {printable(str(version))[:40]} has no PCIe-IPC all-reduce ({FIRST_RELEASE}+)"
+    return Backend.UNKNOWN, UNKNOWN_FROM_INFO
+
+
+def combine(info: tuple[Backend, str], log: BackendEvidence | None) -> tuple[Backend, str]:
+    """The backend from server_info and, where given, the server's log: a fact of server_info (one rank, an old
+    release) stands; otherwise the log's lines decide."""
+    if info[0] is not Backend.UNKNOWN or log is None or log.backend is Backend.UNKNOWN:
+        return info
+    return log.backend, f"server log: {log.reason}"
