@@ -25,6 +25,7 @@ from lab.sglang_logs import LOG_PREFIX, log_formats, render, server_args_fields
 from lab.sglang_releases import release_dir
 from sm120check import cli
 from sm120check.sglang import launch_cli
+from sm120check.sglang.allreduce_backend import BACKEND_LINES, BackendLine, scan
 from sm120check.sglang.launch_patterns import LOG_PATTERNS, LogPattern
 from sm120check.sglang.launch_request import request_from_command
 from sm120check.sglang.launch_terms import Expectation, Sign
@@ -272,6 +273,8 @@ def test_a_healthy_launch_is_ok_on_every_expectation(tmp_path: Path, docs: Docs,
         "graph_memory_gb": 1.37,
         "max_running_requests": None,
         "plain_decode": None,  # no speculation switch in this server's log
+        "allreduce_backend": "default",  # no PCIe-IPC line: SGLang's own choice
+        "allreduce": report["data"]["allreduce"],
     }
 
 
@@ -613,3 +616,121 @@ def test_numeric_options_out_of_range_are_usage_errors_naming_the_value(argv: tu
     assert run.status == 2
     assert f"sm120check sglang verify-launch: error: argument {said}\n" in run.err
     assert "Traceback" not in run.err
+
+
+# --- the all-reduce backend (PCIe-IPC, SGLang 0.5.22+) ---------------------------------------------------------------
+# Every line rendered from the format strings of the releases' sources (srt/distributed/device_communicators/
+# pcie_ipc_ar.py, srt/distributed/parallel_state.py), as SGLang prints them.
+
+PCIE_RELEASES = ("0.5.22", "0.5.23")
+ROWS = {r.id: r for r in BACKEND_LINES}
+PCIE_SAMPLES = {"e": "CUDA error: peer access is not supported between these two devices", "dtype": "torch.float16"}
+
+
+def pcie_line(version: str, row_id: str, **samples: str) -> str:
+    """The line `version` prints for a row: a logger call of the row's file, rendered, that the row's regex reads."""
+    row = ROWS[row_id]
+    for fmt in log_formats(release_dir(version), [row.file]):
+        text = LOG_PREFIX + render(fmt, {**PCIE_SAMPLES, **samples}, "7")
+        if row.compiled.search(text):
+            return text
+    raise AssertionError(f"{version} prints no {row_id} line")
+
+
+def with_lines(version: str, *extra: str) -> list[str]:
+    """A healthy startup of `version` with the communicator's lines before graph capture."""
+    log = healthy_log(version)
+    return [log[0], *extra, *log[1:]]
+
+
+@pytest.mark.parametrize("row", BACKEND_LINES, ids=[r.id for r in BACKEND_LINES])
+def test_every_backend_line_is_printed_by_both_releases_and_not_before(row: BackendLine) -> None:
+    for version in PCIE_RELEASES:
+        assert pcie_line(version, row.id)
+    formats = log_formats(release_dir("0.5.16"), [row.file])
+    assert not [f for f in formats if row.compiled.search(render(f, PCIE_SAMPLES))], "0.5.16 has no PCIe-IPC all-reduce"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", PCIE_RELEASES)
+def test_a_built_workspace_reports_pcie_ipc_with_its_size(tmp_path: Path, docs: Docs, version: str) -> None:
+    lines = [
+        pcie_line(version, "pcie-ipc-enabled", world_size="2"),
+        pcie_line(version, "pcie-ipc-workspace-built"),
+        pcie_line(version, "pcie-ipc-autotuned"),
+    ]
+    run = run_release(tmp_path, docs, version, with_lines(version, *lines))
+    assert run.status == 0, run.out + run.err
+    data = run.report["data"]
+    assert data["allreduce_backend"] == "pcie-ipc"
+    assert data["allreduce"]["max_numel"] == 7
+    assert [x["id"] for x in data["allreduce"]["lines"]] == [
+        "pcie-ipc-enabled",
+        "pcie-ipc-workspace-built",
+        "pcie-ipc-autotuned",
+    ]
+    assert any(n.startswith("all-reduce backend: pcie-ipc (workspace built") for n in run.report["notes"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("row_id", "said"),
+    [
+        ("pcie-ipc-workspace-failed", "error: 7"),  # a %-format: every field renders as 7
+        ("pcie-ipc-setup-failed", "peer access is not supported"),
+        ("pcie-ipc-deterministic", "--enable-deterministic-inference"),
+        ("pcie-ipc-no-flashinfer", "FlashInfer"),
+    ],
+)
+def test_a_communicator_that_stayed_off_reports_the_default_backend_and_why(
+    tmp_path: Path, docs: Docs, row_id: str, said: str
+) -> None:
+    version = "0.5.23"
+    extra = [pcie_line(version, "pcie-ipc-enabled"), pcie_line(version, row_id)]
+    run = run_release(tmp_path, docs, version, with_lines(version, *extra))
+    data = run.report["data"]
+    assert data["allreduce_backend"] == "default"
+    note = next(n for n in run.report["notes"] if n.startswith("all-reduce backend:"))
+    assert "PCIe-IPC asked for, but" in note
+    assert said in note
+
+
+def test_bf16_only_is_a_note_on_a_pcie_ipc_server() -> None:
+    version = "0.5.22"
+    lines = with_lines(
+        version,
+        pcie_line(version, "pcie-ipc-enabled"),
+        pcie_line(version, "pcie-ipc-workspace-built"),
+        pcie_line(version, "pcie-ipc-bf16-only"),
+    )
+    found = scan(lines)
+    assert found.backend.value == "pcie-ipc"
+    assert "reductions of another dtype stay on the default backend" in found.reason
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.23"])
+def test_a_startup_without_pcie_ipc_lines_reports_the_default_backend(tmp_path: Path, docs: Docs, version: str) -> None:
+    run = run_release(tmp_path, docs, version, healthy_log(version))
+    assert run.report["data"]["allreduce_backend"] == "default"
+    assert any("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE unset" in n for n in run.report["notes"])
+
+
+def test_lines_of_an_earlier_run_do_not_count(tmp_path: Path) -> None:
+    version = "0.5.23"
+    earlier = with_lines(version, pcie_line(version, "pcie-ipc-workspace-built"))
+    run = verify("--log", write_log(tmp_path, [*earlier, *healthy_log(version)]), "--expect", "cuda-graph", "--json")
+    assert run.report["data"]["allreduce_backend"] == "default"
+
+
+def test_a_log_without_its_start_leaves_the_backend_unknown(tmp_path: Path) -> None:
+    version = "0.5.23"
+    run = verify("--log", write_log(tmp_path, healthy_log(version)[1:-1]), "--expect", "cuda-graph", "--json")
+    assert run.report["data"]["allreduce_backend"] == "unknown"
+
+
+def test_no_log_read_leaves_the_backend_unknown(docs: Docs) -> None:
+    url = docs.add("no-log-backend", server_info("0.5.23"))
+    run = verify("--url", url, "--expect", "cuda-graph", "--json")
+    assert run.report["data"]["allreduce_backend"] == "unknown"
+    assert run.report["data"]["allreduce"] is None

@@ -52,6 +52,9 @@ from sm120check.bench.speculation import draft_problem
 from sm120check.exitcodes import Exit
 from sm120check.safetext import terminal_text
 from sm120check.sglang import plain_decode
+from sm120check.sglang.allreduce_backend import BackendEvidence
+from sm120check.sglang.allreduce_backend import scan as scan_backend
+from sm120check.sglang.startup_log import scan_log
 
 DEFAULT_LEVELS = "1,2,5,10,30,70,100,250"
 API_KEY_ENV = "OPENAI_API_KEY"
@@ -222,13 +225,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--label", default="", help="sweep label, e.g. base or spec")
     p.add_argument(
-        "--server-log",
-        type=Path,
-        metavar="FILE",
-        help="the SGLang server's log: each level records the batches the speculation switch ran plain and "
-        "speculative per batch size (its `sm120kit plain decode batches:` lines, every 200 decode batches)",
-    )
-    p.add_argument(
         "--out",
         type=Path,
         help="append one JSONL record per level here (default: a new bench-YYYYmmddTHHMMSS.jsonl in the current "
@@ -242,6 +238,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=30.0,
         help="seconds for each request outside the levels (/get_server_info, /v1/models), connect to last byte",
     )
+    p.add_argument(
+        "--server-log",
+        type=Path,
+        metavar="FILE",
+        help="the SGLang server's log file (its last 16 MiB): names the all-reduce backend the server used in every "
+        "record (server_info does not show the SGLANG_ENABLE_PCIE_IPC_ALLREDUCE environment), and each level's "
+        "decode batches the speculation switch ran plain and speculative per batch size",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for synthetic prompts")
     p.add_argument("--json", action="store_true", help="print the level records as JSON lines, not a table")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -249,6 +253,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 SERVER_LOST_FLAG = "server_lost_after_level"  # the server stalled or died as the level ended: the sweep stopped
+
+
+SERVER_LOG_BYTES = 16 << 20
+
+
+def read_log_backend(path: Path) -> BackendEvidence:
+    """The all-reduce backend the last server run in an SGLang log used (its newest SERVER_LOG_BYTES read); the server
+    answers the bench, so its startup is over and the log holds it whole when it holds the start."""
+    data, truncated = bounded.read_tail(path, SERVER_LOG_BYTES)
+    if truncated:
+        cut = data.find(b"\n")
+        data = data[cut + 1 :] if cut >= 0 else b""
+    lines = data.decode("utf-8", "replace").splitlines()
+    run = scan_log(lines, str(path), truncated)
+    return scan_backend(lines, run.start_line or 1, run.complete(server_up=True))
 
 
 class SweepError(Exception):
@@ -312,6 +331,17 @@ def handle(args: argparse.Namespace) -> int:
     if problem := _out_problem(args.out):
         print(f"sm120check bench: --out {args.out}: {problem}; nothing was sent to the server", file=sys.stderr)
         return Exit.USAGE
+    server_log = getattr(args, "server_log", None)
+    if server_log is not None:
+        try:
+            args.log_backend = read_log_backend(server_log)
+        except bounded.Unreadable as exc:
+            print(
+                f"sm120check bench: --server-log {terminal_text(exc)}; give the SGLang server's log file; nothing was "
+                "sent to the server",
+                file=sys.stderr,
+            )
+            return Exit.USAGE
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     code, kept = Exit.OK, True
     summaries: list[LevelSummary] = []
@@ -473,12 +503,14 @@ async def _sweep(
 
     first_info = await fetch_server_info(endpoint, headers, info_timeout)
     facts = await discover(endpoint, headers, info_timeout, first_info)
+    if (log_backend := getattr(args, "log_backend", None)) is not None:
+        facts = facts.with_log(log_backend)
     _check_api(api, facts, endpoint, bool(args.model))
     model = args.model or ""
     if api is not Api.SGLANG and not model:
         model = facts.first_model_id or await fetch_model_name(endpoint, headers, info_timeout)
     run_id = uuid.uuid4().hex[:12]
-    recorded = {k: v for k, v in vars(args).items() if k not in ("handler", "api_key", "command")}
+    recorded = {k: v for k, v in vars(args).items() if k not in ("handler", "api_key", "command", "log_backend")}
     recorded["url"] = redact_url(args.url)
     # llama.cpp's cache_prompt; SGLang's /generate and vLLM reject keys they do not know
     cache_prompt = False if facts.engine == "llama.cpp" and api is not Api.SGLANG and not reuse else None

@@ -25,6 +25,7 @@ from sm120check.bench.identity import refuse_changed_server
 from sm120check.bench.percentiles import mean_std
 from sm120check.bench.records import LevelSummary, RecordError
 from sm120check.bench.speculation import FLAG as DRAFT_FLAG
+from sm120check.sglang.allreduce_backend import Backend, from_server_info
 from sm120check.sglang.launch_terms import RAISE_RUNNING_CAP, SPECULATIVE_RUNNING_DEFAULT
 
 Curve = dict[int, LevelSummary]  # concurrency -> one run's level record
@@ -197,6 +198,7 @@ def analyze(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: t
     warnings: list[str] = []
     refuse_changed_server(base, names[0])
     refuse_changed_server(spec, names[1])
+    refuse_mixed_allreduce(base, spec, names, warnings)
     base, spec = _closed_only(base, names[0], warnings), _closed_only(spec, names[1], warnings)
     refuse_unaccepted_draft(spec, names[1])
     base_runs = group_runs(base, names[0], warnings)
@@ -256,6 +258,61 @@ def deeper_steps_note(levels: Sequence[LevelCompare], steps: int | None) -> str:
         f"--speculative-num-steps {2 * steps + 1} --speculative-num-draft-tokens {2 * steps + 2}) and compare "
         f"the two sweeps ({DEEPER_MEASURED})"
     )
+
+
+def allreduce_of(record: LevelSummary) -> tuple[str, str]:
+    """The all-reduce backend the record's server used and why: `meta.server.allreduce_backend` (bench records since
+    issue #38), else what the recorded server_info fields tell (tp_size 1: none; SGLang before 0.5.22: default)."""
+    server = record.meta.get("server")
+    if not isinstance(server, Mapping):
+        return Backend.UNKNOWN.value, "no server facts in the record"
+    value = server.get("allreduce_backend")
+    if isinstance(value, str) and value in {b.value for b in Backend}:
+        reason = server.get("allreduce_backend_reason")
+        return value, str(reason) if isinstance(reason, str) else ""
+    if server.get("engine") != "sglang":
+        return Backend.UNKNOWN.value, "not an SGLang server"
+    backend, reason = from_server_info(server)
+    return backend.value, reason
+
+
+def _known(found: Mapping[str, str]) -> tuple[str, str]:
+    return next(((b, w) for b, w in found.items() if b != Backend.UNKNOWN.value), ("", ""))
+
+
+def refuse_mixed_allreduce(
+    base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: tuple[str, str], warnings: list[str]
+) -> None:
+    """The all-reduce backend moves the crossover (PCIe-IPC makes the base step and the verify step cheaper by
+    different amounts): sweeps whose servers used different backends are not one comparison. Unknown is a warning."""
+    said: list[dict[str, str]] = []
+    for records, name in ((base, names[0]), (spec, names[1])):
+        found: dict[str, str] = {}
+        for r in records:
+            backend, reason = allreduce_of(r)
+            found.setdefault(backend, reason)
+        known = sorted(b for b in found if b != Backend.UNKNOWN.value)
+        if len(known) > 1:
+            raise RecordError(
+                f"{name}: its levels were measured with different all-reduce backends ({', '.join(known)}); "
+                "bench each backend into a file of its own"
+            )
+        said.append(found)
+    base_known, base_why = _known(said[0])
+    spec_known, spec_why = _known(said[1])
+    if base_known and spec_known and base_known != spec_known:
+        raise RecordError(
+            f"the sweeps used different all-reduce backends: {names[0]} {base_known} ({base_why}), {names[1]} "
+            f"{spec_known} ({spec_why}); a crossover measured on one backend does not carry over to the other: "
+            "bench both servers with the same backend (sglang_server_pcie_ipc_allreduce, the "
+            "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE environment)"
+        )
+    unknown = [n for n, found in zip(names, said, strict=True) if Backend.UNKNOWN.value in found]
+    if unknown and (base_known or spec_known):
+        warnings.append(
+            f"the all-reduce backend of {' and '.join(unknown)} is unknown (bench it with --server-log FILE): "
+            "the comparison assumes both servers used the same one"
+        )
 
 
 def speculation_reported(record: LevelSummary) -> tuple[bool | None, str]:
@@ -709,6 +766,7 @@ def analyze_mode(
     warnings: list[str] = []
     refuse_changed_server(base, names[0])
     refuse_changed_server(spec, names[1])
+    refuse_mixed_allreduce(base, spec, names, warnings)
     _check_labels(base, spec, names, warnings)
     return compare_points(
         points(base, names[0], x_axis, metric, warnings),

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from sm120check.bench.http import Connection, Endpoint, HttpError
 from sm120check.bench.metrics import MetricsError, Scrape, draft_positions, family_for, parse
+from sm120check.sglang.allreduce_backend import Backend, BackendEvidence, combine, from_server_info
 
 _SGLANG_KEYS = (
     "model_path",
@@ -59,6 +60,8 @@ class ServerFacts:
     accept_length_cumulative: float | None = None  # SGLang avg_spec_accept_length: since server start
     accept_problem: str = ""  # why a reported cumulative accept length is not used
     raw: Mapping[str, object] = field(default_factory=dict)  # the server's own keys, as recorded
+    allreduce_backend: str = "unknown"  # sglang/allreduce_backend.py's Backend: pcie-ipc, default, none, unknown
+    allreduce_reason: str = ""  # where that came from
 
     def to_record(self) -> dict[str, object]:
         """`meta.server` of every record: the raw keys plus the normalized ones (`speculative_algorithm` only when
@@ -71,7 +74,15 @@ class ServerFacts:
             out.pop("speculative_algorithm", None)
         if self.version and "version" not in out:
             out["version"] = self.version
+        out.update(allreduce_backend=self.allreduce_backend, allreduce_backend_reason=self.allreduce_reason)
         return out
+
+    def with_log(self, log: BackendEvidence) -> ServerFacts:
+        """Facts with the backend the server's own log shows, where server_info left it open."""
+        if not self.sglang_info:
+            return self
+        backend, reason = combine((Backend(self.allreduce_backend), self.allreduce_reason), log)
+        return replace(self, allreduce_backend=backend.value, allreduce_reason=reason)
 
     def with_scrape(self, scrape: Scrape) -> ServerFacts:
         """Facts that a later /metrics page can add: the draft length once a speculative request has finished."""
@@ -203,6 +214,7 @@ def _sglang(info: dict[str, object], openai: bool, first_id: str) -> ServerFacts
     if "speculative_algorithm" in info:
         speculative = algo is not None and str(algo).upper() not in ("", "NONE")
     accept, problem = cumulative_accept(info)
+    backend, reason = from_server_info(info)
     return ServerFacts(
         engine="sglang",
         model=str(info.get("model_path", "")),
@@ -216,6 +228,8 @@ def _sglang(info: dict[str, object], openai: bool, first_id: str) -> ServerFacts
         accept_length_cumulative=accept,
         accept_problem=problem,
         raw=raw,
+        allreduce_backend=backend.value,
+        allreduce_reason=reason,
     )
 
 

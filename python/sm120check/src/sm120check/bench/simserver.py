@@ -129,7 +129,13 @@ FLAVOURS = ("sglang", "llamacpp")
 
 class SimServer:
     def __init__(
-        self, model: SimModel, model_name: str = "sim-model", flavour: str = "sglang", metrics: bool = True
+        self,
+        model: SimModel,
+        model_name: str = "sim-model",
+        flavour: str = "sglang",
+        metrics: bool = True,
+        tp_size: int = 1,
+        version: str = "sim",
     ) -> None:
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour {flavour!r} must be one of {', '.join(FLAVOURS)}")
@@ -137,6 +143,8 @@ class SimServer:
         self.model_name = model_name
         self.flavour = flavour
         self.metrics = metrics  # llama.cpp flavour: /metrics on (llama-server --metrics)
+        self.tp_size = tp_size  # reported in server_info only (the all-reduce backend a bench record names)
+        self.version = version
         self._seen_prompts: set[str] = set()
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
@@ -456,8 +464,8 @@ class SimServer:
         accept = self._stats.accepted_tokens / self._stats.verify_steps if self._stats.verify_steps else None
         return {
             "model_path": self.model_name,
-            "version": "sim",
-            "tp_size": 1,
+            "version": self.version,
+            "tp_size": self.tp_size,
             "speculative_algorithm": "EAGLE3" if spec else None,
             "speculative_num_steps": self.model.num_steps if spec else None,
             "speculative_eagle_topk": 1 if spec else None,
@@ -592,6 +600,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-metrics", action="store_true", help="llamacpp flavour: /metrics answers 501")
     parser.add_argument(
+        "--tp-size", type=argtypes.whole(1, 64), default=1, help="the tp_size server_info reports (nothing else)"
+    )
+    parser.add_argument("--version", default="sim", help="the SGLang version server_info reports (nothing else)")
+    parser.add_argument(
         "--max-seconds", type=argtypes.seconds, default=3600.0, help="exit after this long (a bound, not a hang)"
     )
     args = parser.parse_args(argv)
@@ -611,11 +623,21 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    return asyncio.run(_serve(model, args.port, args.max_seconds, args.flavour, not args.no_metrics))
+    return asyncio.run(
+        _serve(model, args.port, args.max_seconds, args.flavour, not args.no_metrics, args.tp_size, args.version)
+    )
 
 
-async def _serve(model: SimModel, port: int, max_seconds: float, flavour: str = "sglang", metrics: bool = True) -> int:
-    server = SimServer(model, flavour=flavour, metrics=metrics)
+async def _serve(
+    model: SimModel,
+    port: int,
+    max_seconds: float,
+    flavour: str = "sglang",
+    metrics: bool = True,
+    tp_size: int = 1,
+    version: str = "sim",
+) -> int:
+    server = SimServer(model, flavour=flavour, metrics=metrics, tp_size=tp_size, version=version)
     bound = await server.start(port=port)
     crossover = model.true_crossover()
     print(f"listening on http://127.0.0.1:{bound} mode={model.mode} true_crossover={crossover}", flush=True)

@@ -68,6 +68,8 @@ def to_dict(report: LaunchReport) -> dict[str, object]:
             "graph_memory_gb": report.info.graph_memory_gb if report.info else None,
             "max_running_requests": report.info.max_running_requests if report.info else None,
             "plain_decode": report.switch.to_dict() if report.switch else None,
+            "allreduce_backend": report.allreduce.backend.value if report.allreduce else "unknown",
+            "allreduce": report.allreduce.to_dict() if report.allreduce else None,
         },
         "notes": list(report.notes),
     }

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from sm120check import versions
+from sm120check.sglang.allreduce_backend import BackendEvidence
 from sm120check.sglang.launch_patterns import NEVER_RAN, SILENT_WHEN_ON, TABLE_RELEASES
 from sm120check.sglang.launch_request import LaunchRequest
 from sm120check.sglang.launch_terms import RAISE_RUNNING_CAP, SPECULATIVE_RUNNING_DEFAULT, Expectation, Sign
@@ -64,6 +65,7 @@ class LaunchReport:
     failed_start: str = ""  # this run could not bind its port: whatever answers at the URL is another process
     switch: SwitchEvidence | None = None  # the speculation switch's batches, where the log has them
     switch_problem: str = ""  # the switch's batches against the launch's threshold (--plain-decode-min-bs)
+    allreduce: BackendEvidence | None = None  # the all-reduce backend the log shows (None: no log read)
 
     @property
     def failed(self) -> bool:
