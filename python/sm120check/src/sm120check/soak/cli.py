@@ -63,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--gpus", default="", help="NVML indices to sample, comma-separated (default: all)")
     p.add_argument("--out", type=Path, help="record folder (default: a new soak-YYYYmmddTHHMMSS here)")
     p.add_argument("--no-png", action="store_true", help="skip the PNG (no matplotlib needed)")
+    p.add_argument(
+        "--fleet",
+        type=Path,
+        nargs="+",
+        metavar="PATH",
+        help="soak nothing: show each node's soak verdict and its outliers from soak.json files (or folders of them)",
+    )
     p.set_defaults(handler=handle)
 
 
@@ -100,6 +107,15 @@ class _Stop:
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.fleet:
+        from sm120check.soak import fleet
+
+        view = fleet.load(args.fleet)
+        if not view.nodes:
+            print(f"sm120check soak: no soak.json under {', '.join(map(str, args.fleet))}", file=sys.stderr)
+            return Exit.USAGE
+        print(fleet.render(view))
+        return Exit.FOUND if view.failed or view.review.outliers else Exit.OK
     if args.url and not args.concurrency:
         print("sm120check soak: --url needs --concurrency N (the workers that keep it busy)", file=sys.stderr)
         return Exit.USAGE

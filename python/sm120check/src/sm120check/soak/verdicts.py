@@ -273,8 +273,10 @@ def clocks(soak: Soak) -> Result:
     if (skip := _no_gpu(vid, soak)) is not None:
         return skip
     medians: dict[str, float] = {}
+    models: dict[str, str] = {}
     for gpu, samples in sorted(_by_gpu(soak).items()):
         busy = [s.sm_mhz for s in samples if s.sm_mhz is not None and (s.utilization or 0) >= BUSY_PERCENT]
+        models[str(gpu)] = next((s.name for s in samples if s.name), "")
         if busy:
             medians[str(gpu)] = float(statistics.median(busy))
 
@@ -291,8 +293,8 @@ def clocks(soak: Soak) -> Result:
                 return _finding(soak, vid, Status.WARN, first,
                                 f"GPU {gpu}: SM clock {at.sm_mhz} MHz below its base {at.base_sm_mhz} MHz under load "
                                 f"for {last - first:.0f} s", f"clock-event reasons then: {reasons}",
-                                remedies.SOAK_CLOCKS_BELOW_BASE, sm_mhz_median=medians)  # fmt: skip
-    return _result(vid, Status.PASS, "SM clocks at or above base under load", sm_mhz_median=medians)
+                                remedies.SOAK_CLOCKS_BELOW_BASE, sm_mhz_median=medians, models=models)  # fmt: skip
+    return _result(vid, Status.PASS, "SM clocks at or above base under load", sm_mhz_median=medians, models=models)
 
 
 def temperature(soak: Soak) -> Result:
