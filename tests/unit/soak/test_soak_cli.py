@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -105,3 +109,25 @@ def test_watchdog_kills_a_child_that_sleeps_forever(tmp_path: Path) -> None:
 def _gone(pid: int) -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_ctrl_c_ends_the_soak_cleanly_with_its_record(tmp_path: Path) -> None:
+    out = tmp_path / "soak"
+    sim = start_sim("plain", *SIM_ARGS)
+    try:
+        cmd = [sys.executable, "-m", "sm120check", "soak", "--url", sim.url, "--concurrency", "2", "--duration", "60"]
+        proc = subprocess.Popen([*cmd, "--output-len", "16", "--out", str(out), "--no-png"], stdout=subprocess.PIPE)
+        for _ in range(100):  # the server's first intervals are being measured once the meta line is there
+            if (out / "soak.jsonl").exists():
+                break
+            time.sleep(0.1)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        stop_sim(sim)
+    assert proc.returncode == Exit.INTERRUPTED
+    report = json.loads((out / "soak.json").read_text())
+    assert report["interrupted"]["signal"] == "SIGINT"
+    _, server = _samples(out)
+    assert sum(i.tokens for i in server) > 0

@@ -154,7 +154,13 @@ def handle(args: argparse.Namespace) -> int:
     sampler_args += ["--stop", str(stop_file)] + (["--gpus", args.gpus] if args.gpus else [])
     thread = threading.Thread(
         target=lambda: outcome.append(
-            child.run_probe(SAMPLER, sampler_args, timeout=args.duration + GRACE_S, env=child.probe_env(), idle=HANG_S)
+            child.run_probe(
+                SAMPLER,
+                sampler_args,
+                timeout=args.duration + GRACE_S,
+                env=child.probe_env(),
+                idle=max(HANG_S, 3 * args.interval),  # it speaks once an interval
+            )
         ),
         daemon=True,
     )
@@ -163,8 +169,11 @@ def handle(args: argparse.Namespace) -> int:
         thread.start()
         if endpoint is not None:
             asyncio.run(_drive(args, endpoint, traffic, stop))
-        else:
-            stop.event.wait(args.duration)
+        else:  # sample only: until the duration, a signal, or the sampler's end (no NVML here)
+            deadline = time.monotonic() + args.duration
+            while thread.is_alive() and not stop.event.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    break
     finally:
         stop_file.touch()
         thread.join(args.duration + GRACE_S + 10)
