@@ -4,10 +4,11 @@
   verdict recorded; the soak must pass (no Xid, no throttling finding that fails, the server alive throughout);
 - TestSoakKilled: the base server killed (SIGKILL to its process group) SOAK_KILL_AT s into a 90 s soak: the soak
   must report the server as dead at that time, with the samples before it kept;
-- TestSoakSpec: the EAGLE-3 server (spec.txt) at SOAK_SPEC_C (default 8, its crossover side) for SOAK_S seconds.
+- TestSoakSpec: the EAGLE-3 server (spec.txt) at SOAK_SPEC_C (default 8, its crossover side) for SOAK_S seconds;
+- TestSoakSmLoad: no server, `--sm-load` (the doctor's FMA kernel on every GPU) for 60 s.
 
-`scripts/device/sglang-server.sh venv soak-base` (then `soak-killed`, `soak-spec`) runs them; each soak's folder
-(soak.jsonl, soak.json, soak.junit.xml, soak.prom, soak.png) and its stdout land in $SM120KIT_GPU_OUT.
+`scripts/device/sglang-server.sh venv soak-base` (then `soak-killed`, `soak-spec`, `soak-load`) runs them; each
+soak's folder (soak.jsonl, soak.json, soak.junit.xml, soak.prom, soak.png) and its stdout land in $SM120KIT_GPU_OUT.
 """
 
 from __future__ import annotations
@@ -86,3 +87,15 @@ class TestSoakSpec:
             assert results["soak_server"]["status"] == "pass", results["soak_server"]["summary"]
             assert gpu_lines(folder) >= SOAK_S * 0.8
             assert code == 0, {k: r["summary"] for k, r in results.items() if r["status"] == "fail"}
+
+
+class TestSoakSmLoad:
+    def test_sm_load_soak_without_a_server(self) -> None:
+        folder = OUT / "soak-sm-load"
+        run = sm120check("soak", "--sm-load", "--duration", "60", "--out", str(folder), timeout=200)
+        save("soak-sm-load-stdout.txt", run.stdout + "\n--- stderr\n" + run.stderr)
+        results = {r["id"]: r for r in json.loads((folder / "soak.json").read_text())["results"]}
+        assert results["soak_nvml"]["status"] == "pass", results["soak_nvml"]["summary"]
+        assert "the SM load ran" in results["soak_nvml"]["summary"]
+        busy = [json.loads(line).get("utilization") for line in (folder / "soak.jsonl").read_text().splitlines()]
+        assert sum(1 for u in busy if isinstance(u, int) and u >= 90) >= 30

@@ -131,3 +131,16 @@ def test_ctrl_c_ends_the_soak_cleanly_with_its_record(tmp_path: Path) -> None:
     assert report["interrupted"]["signal"] == "SIGINT"
     _, server = _samples(out)
     assert sum(i.tokens for i in server) > 0
+
+
+def test_sm_load_that_cannot_run_here_is_said_and_the_soak_goes_on(tmp_path: Path) -> None:
+    out = tmp_path / "soak"
+    assert cli.main(["soak", "--sm-load", "--duration", "2", "--interval", "0.5", "--out", str(out), "--no-png"]) == 0
+    report = {r["id"]: r for r in json.loads((out / "soak.json").read_text())["results"]}
+    assert report["soak_nvml"]["status"] == "warn"
+    assert "the SM load did not run to the end" in report["soak_nvml"]["summary"]
+
+
+def test_sm_load_with_a_url_is_a_usage_error(tmp_path: Path) -> None:
+    argv = ["soak", "--url", "http://127.0.0.1:9", "--concurrency", "1", "--sm-load", "--out", str(tmp_path)]
+    assert cli.main(argv) == Exit.USAGE

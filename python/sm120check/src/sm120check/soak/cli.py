@@ -37,6 +37,7 @@ from sm120check.soak import record, verdicts
 from sm120check.soak.drive import Traffic, drive, intervals
 from sm120check.soak.samples import Sample, SamplerNote, parse_lines
 
+LOAD = "sm120check.soak.load"  # the doctor's FMA kernel, again and again (--sm-load)
 SAMPLER = "sm120check.soak.sampler"  # the child module; tests name a stand-in where no GPU exists
 HANG_S = 20.0  # the sampler said nothing for this long: an NVML call hangs, it is killed
 GRACE_S = 30.0  # past the duration, the sampler's hard bound
@@ -63,6 +64,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--gpus", default="", help="NVML indices to sample, comma-separated (default: all)")
     p.add_argument("--out", type=Path, help="record folder (default: a new soak-YYYYmmddTHHMMSS here)")
     p.add_argument("--no-png", action="store_true", help="skip the PNG (no matplotlib needed)")
+    p.add_argument(
+        "--sm-load",
+        action="store_true",
+        help="without --url: keep every GPU's SMs busy with the doctor's FMA kernel while sampling",
+    )
     p.add_argument(
         "--fleet",
         type=Path,
@@ -116,6 +122,11 @@ def handle(args: argparse.Namespace) -> int:
             return Exit.USAGE
         print(fleet.render(view))
         return Exit.FOUND if view.failed or view.review.outliers else Exit.OK
+    if args.url and args.sm_load:
+        print(
+            "sm120check soak: --sm-load is the load when no server is driven: give --url or --sm-load", file=sys.stderr
+        )
+        return Exit.USAGE
     if args.url and not args.concurrency:
         print("sm120check soak: --url needs --concurrency N (the workers that keep it busy)", file=sys.stderr)
         return Exit.USAGE
@@ -164,9 +175,21 @@ def handle(args: argparse.Namespace) -> int:
         ),
         daemon=True,
     )
+    loaded: list[child.ChildOutcome] = []
+    load_args = ["--duration", str(args.duration), "--stop", str(stop_file)] + (
+        ["--gpus", args.gpus] if args.gpus else []
+    )
+    loader = threading.Thread(
+        target=lambda: loaded.append(
+            child.run_probe(LOAD, load_args, timeout=args.duration + GRACE_S, env=child.probe_env(), idle=HANG_S * 3)
+        ),
+        daemon=True,
+    )
     traffic = Traffic()
     try:
         thread.start()
+        if args.sm_load:
+            loader.start()
         if endpoint is not None:
             asyncio.run(_drive(args, endpoint, traffic, stop))
         else:  # sample only: until the duration, a signal, or the sampler's end (no NVML here)
@@ -177,11 +200,15 @@ def handle(args: argparse.Namespace) -> int:
     finally:
         stop_file.touch()
         thread.join(args.duration + GRACE_S + 10)
+        if args.sm_load:
+            loader.join(args.duration + GRACE_S + 10)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     end = time.time()
     stop_file.unlink(missing_ok=True)
     late: list[Sample] = [*_sampler_fate(outcome[0] if outcome else None)]
+    if args.sm_load:
+        late.append(_load_note(loaded[0] if loaded else None))
     log = kernel_log.read()
     late += verdicts.from_kernel_log(log.events, boot_epoch, start)
     if endpoint is not None:
@@ -226,6 +253,16 @@ def _sampler_fate(outcome: child.ChildOutcome | None) -> list[SamplerNote]:
     where = f" at: {outcome.step}" if outcome.step else ""
     event = "hung" if outcome.silent is not None or outcome.timed_out else "failed"
     return [SamplerNote(now, event, f"the sampler {outcome.problem}{where}")]
+
+
+def _load_note(outcome: child.ChildOutcome | None) -> SamplerNote:
+    """What became of --sm-load, for the record (the samples show its effect)."""
+    if outcome is None:
+        return SamplerNote(time.time(), "load", "the SM load did not end within its bound")
+    if outcome.ok:
+        return SamplerNote(time.time(), "load", f"the SM load ran {outcome.data.get('rounds')} rounds")
+    said = outcome.data.get("error") or outcome.problem
+    return SamplerNote(time.time(), "load", f"the SM load did not run to the end: {said}")
 
 
 async def _drive(args: argparse.Namespace, endpoint: Endpoint, traffic: Traffic, stop: _Stop) -> None:

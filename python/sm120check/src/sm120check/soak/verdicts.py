@@ -170,7 +170,10 @@ def sampler(soak: Soak) -> Result:
     gpus = len({s.gpu for s in soak.of(GpuSample)})
     note = next((n.text for n in notes if n.event == "end" and n.text), "")
     summary = f"{len(soak.of(GpuSample))} samples of {gpus} GPU(s)" + (f"; {note}" if note else "")
-    return _result(vid, Status.PASS, summary)
+    load = next((n for n in notes if n.event == "load"), None)
+    if load is not None and "did not" in load.text:  # --sm-load asked for: the GPUs were sampled without it
+        return _result(vid, Status.WARN, f"{summary}; {load.text}", remedy=remedies.COMPUTE_LOAD)
+    return _result(vid, Status.PASS, summary + (f"; {load.text}" if load is not None else ""))
 
 
 # ---- the server --------------------------------------------------------------------------------------------------
