@@ -16,7 +16,7 @@ from sm120check.bench.plot import _pyplot
 from sm120check.doctor import report
 from sm120check.doctor.model import Result
 from sm120check.soak.samples import GpuSample, Sample, ServerInterval, XidSample, to_line
-from sm120check.soak.verdicts import HW_SLOWDOWN, POWER, THERMAL
+from sm120check.soak.verdicts import HW_SLOWDOWN, POWER, THERMAL, runs
 
 JSONL, JSON, JUNIT, PROM, PNG = "soak.jsonl", "soak.json", "soak.junit.xml", "soak.prom", "soak.png"
 
@@ -75,11 +75,9 @@ def plot(path: Path, samples: Sequence[Sample], start: float) -> None:
         for slowdown in {s.slowdown_c for s in rows if s.slowdown_c}:
             temp.axhline(slowdown, linestyle=":", color="red")
         fan.plot(x, [s.fan_percent for s in rows], label=f"GPU {gpu}")
-        for s in rows:
-            mask = s.reasons or 0
-            if mask & (THERMAL | POWER | HW_SLOWDOWN):
-                for ax in axes:
-                    ax.axvspan(s.t - start - 0.5, s.t - start + 0.5, color="orange", alpha=0.15, lw=0)
+        for first, last in runs(rows, lambda s: bool((s.reasons or 0) & (THERMAL | POWER | HW_SLOWDOWN))):
+            for ax in axes:
+                ax.axvspan(first - start - 0.5, last - start + 0.5, color="orange", alpha=0.15, lw=0)
         base = {s.base_sm_mhz for s in rows if s.base_sm_mhz}
         for mhz in base:
             sm.axhline(mhz, linestyle=":", color="grey")

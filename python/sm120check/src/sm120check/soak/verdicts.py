@@ -82,7 +82,7 @@ def _finding(
     )
 
 
-def _runs(samples: Sequence[GpuSample], bad: Callable[[GpuSample], bool]) -> list[tuple[float, float]]:
+def runs(samples: Sequence[GpuSample], bad: Callable[[GpuSample], bool]) -> list[tuple[float, float]]:
     """(first, last) times of each run of consecutive samples of one GPU where `bad` holds."""
     runs: list[tuple[float, float]] = []
     first: float | None = None
@@ -258,7 +258,7 @@ def throttling(soak: Soak) -> Result:
         return skip
     for gpu, samples in sorted(_by_gpu(soak).items()):
         for mask in (THERMAL, POWER | HW_SLOWDOWN):
-            for first, last in _runs(samples, _has(mask)):
+            for first, last in runs(samples, _has(mask)):
                 if last - first >= soak.bounds.sustain_s:
                     seen = 0
                     for s in samples:
@@ -289,7 +289,7 @@ def clocks(soak: Soak) -> Result:
                 and s.sm_mhz < s.base_sm_mhz
             )  # fmt: skip
 
-        for first, last in _runs(samples, slow):
+        for first, last in runs(samples, slow):
             if last - first >= soak.bounds.sustain_s:
                 at = next(s for s in samples if s.t == first)
                 reasons = ", ".join(reason_names(at.reasons or 0)) or "no reason given"
