@@ -144,3 +144,18 @@ def test_sm_load_that_cannot_run_here_is_said_and_the_soak_goes_on(tmp_path: Pat
 def test_sm_load_with_a_url_is_a_usage_error(tmp_path: Path) -> None:
     argv = ["soak", "--url", "http://127.0.0.1:9", "--concurrency", "1", "--sm-load", "--out", str(tmp_path)]
     assert cli.main(argv) == Exit.USAGE
+
+
+def test_from_sweep_soaks_at_the_sweeps_highest_level(tmp_path: Path) -> None:
+    sweep = Path(__file__).resolve().parents[2] / "fixtures" / "bench" / "h200-sglang-0.5.16-base.jsonl"
+    out = tmp_path / "soak"
+    argv = ["soak", "--url", "http://127.0.0.1:9", "--from-sweep", str(sweep), "--duration", "1", "--no-png"]
+    cli.main([*argv, "--out", str(out)])
+    meta = json.loads((out / "soak.jsonl").read_text().splitlines()[0])
+    assert meta["concurrency"] == 250  # the H200 base sweep's levels run 1 .. 250
+
+
+def test_from_sweep_of_a_file_that_is_no_sweep_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "x.jsonl").write_text("{}\n")
+    argv = ["soak", "--url", "http://127.0.0.1:9", "--from-sweep", str(tmp_path / "x.jsonl"), "--out", str(tmp_path)]
+    assert cli.main(argv) == Exit.USAGE

@@ -52,7 +52,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--url", help="a live server to drive (base URL); without it the soak samples only")
     p.add_argument("--api", choices=("sglang", "openai-completions", "openai-chat"), default="sglang")
-    p.add_argument("--concurrency", type=_positive, help="closed-loop workers (needed with --url)")
+    p.add_argument(
+        "--concurrency", type=_positive, help="closed-loop workers (with --url: this, or the level --from-sweep gives)"
+    )
+    p.add_argument(
+        "--from-sweep",
+        type=Path,
+        metavar="BENCH_JSONL",
+        help="with --url and no --concurrency: soak at the highest closed-loop level of this `sm120check bench` file",
+    )
     p.add_argument("--duration", type=_seconds, default=300.0, help="seconds of soak")
     p.add_argument("--interval", type=_seconds, default=1.0, help="seconds between GPU samples")
     p.add_argument("--stall", type=_seconds, default=30.0, help="no token this long with requests in flight: stall")
@@ -127,8 +135,23 @@ def handle(args: argparse.Namespace) -> int:
             "sm120check soak: --sm-load is the load when no server is driven: give --url or --sm-load", file=sys.stderr
         )
         return Exit.USAGE
+    if args.url and not args.concurrency and args.from_sweep is not None:
+        from sm120check.bench.records import RecordError, read_jsonl
+
+        try:
+            levels = [s.concurrency for s in read_jsonl(args.from_sweep) if s.mode == "closed"]
+        except RecordError as exc:
+            print(f"sm120check soak: --from-sweep: {exc}", file=sys.stderr)
+            return Exit.USAGE
+        if not levels:
+            print(f"sm120check soak: --from-sweep {args.from_sweep} has no closed-loop level", file=sys.stderr)
+            return Exit.USAGE
+        args.concurrency = max(levels)
+        print(
+            f"sm120check soak: concurrency {args.concurrency}, the highest level of {args.from_sweep}", file=sys.stderr
+        )
     if args.url and not args.concurrency:
-        print("sm120check soak: --url needs --concurrency N (the workers that keep it busy)", file=sys.stderr)
+        print("sm120check soak: --url needs --concurrency N or --from-sweep BENCH_JSONL", file=sys.stderr)
         return Exit.USAGE
     endpoint = None
     if args.url:
