@@ -214,3 +214,10 @@ def test_rising_replay_and_ecc_counters_warn() -> None:
     assert "pcie_replay rose from 0 to 7" in by_id(soak(series(pcie_replay=7)))["soak_counters"].summary
     result = by_id(soak(series(ecc_uncorrected=1)))["soak_counters"]
     assert result.status is Status.WARN and "ecc_uncorrected" in result.summary
+
+
+def test_one_failed_request_in_the_last_second_is_no_death() -> None:
+    intervals = served()
+    intervals[-1] = replace(intervals[-1], tokens=0, errors=1, error="HTTP 500")
+    result = by_id(soak([*series(), *intervals], server=True))["soak_server"]
+    assert result.status is Status.WARN and "1 failed requests" in result.summary

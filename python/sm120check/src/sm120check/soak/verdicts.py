@@ -191,7 +191,8 @@ def server(soak: Soak) -> Result:
     last_token = max((i.t for i in intervals if i.tokens), default=None)
     tail = [i for i in intervals if last_token is None or i.t > last_token]
     failing = [i for i in tail if i.errors]
-    if failing and all(i.errors or not i.in_flight for i in tail):
+    # died: requests kept failing (retried each second: at least two intervals of failures) and no token came back
+    if len(failing) >= 2 and all(i.errors or not i.in_flight for i in tail):
         first = failing[0]
         return _finding(
             soak, vid, Status.FAIL, first.t, f"the server died ({first.error or 'requests failed'}); no token after",
