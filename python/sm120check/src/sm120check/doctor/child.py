@@ -164,14 +164,10 @@ class CommandResult:
         return self.stdout + self.stderr
 
 
-def _capture(
-    proc: subprocess.Popen[bytes], limit: int, timeout: float, idle: float | None = None
-) -> bounded.Captured:
+def _capture(proc: subprocess.Popen[bytes], limit: int, timeout: float, idle: float | None = None) -> bounded.Captured:
     """Read the child's pipes as they fill, bounded (bounded.capture): killed whole at the timeout, after `idle`
     seconds without output, or once its stdout passed `limit`, then reaped."""
-    got = bounded.capture(
-        proc, limit, max(timeout, 0.01), lambda: _kill_group(proc), err_limit=MAX_STDERR, idle=idle
-    )
+    got = bounded.capture(proc, limit, max(timeout, 0.01), lambda: _kill_group(proc), err_limit=MAX_STDERR, idle=idle)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
     return got
