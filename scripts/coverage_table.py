@@ -194,6 +194,15 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
         "tests/gpu/launch",
         f"{_SRC}/sglang",
     ),
+    "tests/gpu/test_sglang_soak.py": (
+        "tests/gpu/test_sglang_soak.py",
+        "tests/lab/sglang_gpu.py",
+        "tests/gpu/launch",
+        f"{_SRC}/soak",
+        f"{_SRC}/doctor/health/nvml_health.py",
+        f"{_SRC}/doctor/health/load.py",
+        f"{_SRC}/doctor/child.py",
+    ),
     "tests/gpu/test_sglang_envelope.py": (
         "tests/gpu/test_sglang_envelope.py",
         "tests/lab/sglang_gpu.py",

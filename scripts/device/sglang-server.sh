@@ -27,6 +27,11 @@
 #   envelope-a, envelope-b, envelope-c  issue #33's five curves in three calls on one warm machine
 #             (tests/gpu/test_sglang_envelope.py: the base and 3-step sweeps; the 7-step sweep, the tiers and the
 #             policy server with the switch; SGLang's adaptive mode and table.json; about 5, 5 and 3 minutes)
+#   soak-base, soak-killed, soak-spec  issue #37's soak record (tests/gpu/test_sglang_soak.py): the base server held at
+#             SOAK_C=64 for SOAK_S=300 s (about 8 minutes with the server's start); the base server killed 40 s into
+#             a 90 s soak (about 3); the EAGLE-3 server at SOAK_SPEC_C=8 for SOAK_S s (about 8); soak-load: no server,
+#             --sm-load for 60 s (about 2). Each soak's folder
+#             (soak.jsonl/.json/.junit.xml/.prom/.png) lands in $OUT/gpu-artifacts.tar.gz
 #   pcie      what this machine's PCIe readers see (issue #25): /proc/cmdline, /sys/class/iommu, the IOMMU groups,
 #             lspci -vvv of every NVIDIA device and its bridges, the kernel log's DMAR/AMD-Vi lines, and the doctor's
 #             iommu and pcie_acs checks, into $OUT/pcie
@@ -142,6 +147,22 @@ phase_switch() {
 
 phase_envelope_a() {
   GPU_TESTS=tests/gpu/test_sglang_envelope.py PYTEST_K="TestEnvelopeCurves and not spec-7" phase_gputests
+}
+
+phase_soak_base() {
+  GPU_TESTS=tests/gpu/test_sglang_soak.py PYTEST_K=TestSoakBase GPU_TIMEOUT=${GPU_TIMEOUT:-580} phase_gputests
+}
+
+phase_soak_killed() {
+  GPU_TESTS=tests/gpu/test_sglang_soak.py PYTEST_K=TestSoakKilled GPU_TIMEOUT=${GPU_TIMEOUT:-400} phase_gputests
+}
+
+phase_soak_spec() {
+  GPU_TESTS=tests/gpu/test_sglang_soak.py PYTEST_K=TestSoakSpec GPU_TIMEOUT=${GPU_TIMEOUT:-580} phase_gputests
+}
+
+phase_soak_load() {
+  GPU_TESTS=tests/gpu/test_sglang_soak.py PYTEST_K=TestSoakSmLoad GPU_TIMEOUT=${GPU_TIMEOUT:-300} phase_gputests
 }
 
 phase_envelope_b() {

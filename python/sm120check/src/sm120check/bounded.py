@@ -162,6 +162,7 @@ class Captured:
     cut: bool  # stdout was longer than the bound: some of it is left out
     stopped: bool  # stdout reached the bound and the process group was killed (not keep_newest)
     timed_out: bool  # killed at the time bound
+    silent: bool = False  # killed after `idle` seconds without a byte on either pipe (a hung child)
 
 
 def _keep(kept: collections.deque[bytes], size: int, chunk: bytes, limit: int) -> tuple[int, bool]:
@@ -188,11 +189,13 @@ def capture(
     *,
     keep_newest: bool = False,
     err_limit: int = 64 << 10,
+    idle: float | None = None,
 ) -> Captured:
     """Read a started child's stdout and stderr pipes as they are written, never holding more than `limit` bytes of
     stdout and `err_limit` of stderr: at the time bound, or once stdout passed `limit` (unless `keep_newest`, which
     keeps its newest bytes instead), `kill()` stops the child (its process group) and reading ends. A command that
-    writes without end costs the bound in memory, never more. The pipes are closed on return."""
+    writes without end costs the bound in memory, never more. With `idle`, a child that writes nothing to either pipe
+    for that many seconds is taken as hung and killed too (`silent`). The pipes are closed on return."""
     import selectors
 
     deadline = time.monotonic() + max(timeout, 0.0)
@@ -201,7 +204,8 @@ def capture(
     out: collections.deque[bytes] = collections.deque()
     err: collections.deque[bytes] = collections.deque()
     out_size = err_size = 0
-    cut = stopped = timed_out = False
+    cut = stopped = timed_out = silent = False
+    heard = time.monotonic()
     with selectors.DefaultSelector() as selector:
         for fd in pipes:
             selector.register(fd, selectors.EVENT_READ)
@@ -212,7 +216,12 @@ def capture(
                     timed_out = True
                     kill()
                     break
+                if idle is not None and time.monotonic() - heard > idle:
+                    silent = True
+                    kill()
+                    break
                 for key, _ in selector.select(min(left, 1.0)):
+                    heard = time.monotonic()
                     fd = int(key.fd)
                     try:
                         chunk = os.read(fd, _CHUNK)
@@ -240,7 +249,7 @@ def capture(
             for pipe in (proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()
-    return Captured(b"".join(out), b"".join(err), cut, stopped, timed_out)
+    return Captured(b"".join(out), b"".join(err), cut, stopped, timed_out, silent)
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,12 @@ def _jit(subparsers: Subparsers) -> None:
     cli.register(subparsers)
 
 
+def _soak(subparsers: Subparsers) -> None:
+    from sm120check.soak import cli
+
+    cli.register(subparsers)
+
+
 def _stack(subparsers: Subparsers) -> None:
     from sm120check.stack import cli
 
@@ -76,6 +82,7 @@ REGISTER: dict[str, Callable[[Subparsers], None]] = {
     "crossover": _crossover,
     "jit": _jit,
     "stack": _stack,
+    "soak": _soak,
 }
 
 

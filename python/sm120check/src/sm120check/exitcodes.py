@@ -34,6 +34,7 @@ FOUND_MEANS = {
     "fleet": "the fleet is not ready",
     "stack": "the resolve or the plan found a conflict",
     "jit": "a bundle entry is refused or a module is not cached",
+    "soak": "a soak verdict failed (an Xid, a GPU off the bus, NVML hung, the server died or stalled, a collapse)",
 }
 
 

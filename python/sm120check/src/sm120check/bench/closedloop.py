@@ -70,6 +70,8 @@ class RequestRecord:
     cached_prompt_tokens: int | None = None  # prompt tokens the server's cache served
     draft_accepted: int | None = None  # llama.cpp timings.draft_n_accepted
     uncounted: tuple[float, ...] = ()  # a cut request's text chunks whose tokens the server never counted
+    partial: tuple[tuple[float, int], ...] = ()  # a failed request's token chunks before it failed (the soak's
+    # tokens/s per second; the bench counts no token of a failed request)
 
     @property
     def tokens(self) -> int:
@@ -157,7 +159,8 @@ async def one_request(
     end = time.perf_counter()
     if error:
         await conn.close()
-        return RequestRecord(warmup, scheduled, sent[0], end, error=error)
+        partial = tuple((t, n) for t, n, _ in tally.chunks if n)
+        return RequestRecord(warmup, scheduled, sent[0], end, error=error, partial=partial)
     first = next((t for t, n in chunks if n > 0), None)
     anomalies = list(tally.anomalies)
     total = sum(n for _, n in chunks)

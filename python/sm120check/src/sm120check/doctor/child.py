@@ -37,11 +37,12 @@ class ChildOutcome:
     seconds: float = 0.0
     interrupted: bool = False  # the doctor was interrupted: the child was killed (or never started)
     cut: bool = False  # its stdout passed MAX_PROBE_OUTPUT: it was stopped (killed with its process group)
+    silent: float | None = None  # run with `idle`: it wrote nothing for this many seconds and was killed as hung
 
     @property
     def signal(self) -> str:
         """The signal that killed the child ("SIGSEGV"), "" when it exited, timed out or was stopped."""
-        if self.timed_out or self.cut or self.returncode is None or self.returncode >= 0:
+        if self.timed_out or self.cut or self.silent is not None or self.returncode is None or self.returncode >= 0:
             return ""
         return signal_name(-self.returncode)
 
@@ -59,6 +60,8 @@ class ChildOutcome:
         if self.cut:
             bound = bounded.size_text(MAX_PROBE_OUTPUT)
             return f"wrote more than {bound} of output (stopped, killed with its process group)"
+        if self.silent is not None:
+            return f"went silent for {self.silent:.0f} s (hung; killed with its process group)"
         if self.timed_out:
             return f"timed out after {self.seconds:.0f} s (killed with its process group)"
         if self.signal:
@@ -161,10 +164,10 @@ class CommandResult:
         return self.stdout + self.stderr
 
 
-def _capture(proc: subprocess.Popen[bytes], limit: int, timeout: float) -> bounded.Captured:
-    """Read the child's pipes as they fill, bounded (bounded.capture): killed whole at the timeout or once its
-    stdout passed `limit`, then reaped."""
-    got = bounded.capture(proc, limit, max(timeout, 0.01), lambda: _kill_group(proc), err_limit=MAX_STDERR)
+def _capture(proc: subprocess.Popen[bytes], limit: int, timeout: float, idle: float | None = None) -> bounded.Captured:
+    """Read the child's pipes as they fill, bounded (bounded.capture): killed whole at the timeout, after `idle`
+    seconds without output, or once its stdout passed `limit`, then reaped."""
+    got = bounded.capture(proc, limit, max(timeout, 0.01), lambda: _kill_group(proc), err_limit=MAX_STDERR, idle=idle)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
     return got
@@ -207,9 +210,11 @@ def run_probe(
     timeout: float,
     env: Mapping[str, str] | None = None,
     python: str | None = None,
+    idle: float | None = None,
 ) -> ChildOutcome:
     """Run `python -m module *args` and parse the JSON object on its last stdout line (stdout bounded at
-    MAX_PROBE_OUTPUT: a probe that writes more is stopped and fails)."""
+    MAX_PROBE_OUTPUT: a probe that writes more is stopped and fails). With `idle`, a long-running probe that
+    announces its progress (`step`) is killed as hung once it has written nothing for `idle` seconds."""
     cmd = [python or sys.executable, "-m", module, *args]
     child_env = dict(os.environ)
     if env:
@@ -218,15 +223,16 @@ def run_probe(
     with _spawned(cmd, env=child_env) as proc:
         if proc is None:
             return ChildOutcome(ok=False, interrupted=True)
-        got = _capture(proc, MAX_PROBE_OUTPUT, timeout)
+        got = _capture(proc, MAX_PROBE_OUTPUT, timeout, idle)
     # The child's own process group may hold helpers (ranks) that outlived it: _spawned ended them too.
     seconds = time.monotonic() - start
     err = _text(got.stderr)[-4000:]
-    if got.timed_out or got.stopped:
+    if got.timed_out or got.stopped or got.silent:
         return ChildOutcome(
             ok=False,
             returncode=proc.returncode,
             timed_out=got.timed_out,
+            silent=idle if got.silent else None,
             stderr_tail=err,
             seconds=seconds,
             interrupted=_CHILDREN.stopping,

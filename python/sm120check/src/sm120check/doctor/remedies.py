@@ -345,3 +345,23 @@ NCCL_PAIR_NO_FALLBACK = (
     "`df -h /dev/shm`; NCCL_DEBUG=INFO names the transport"
 )
 NCCL_PAIRS_BUDGET = "select fewer GPUs (--gpus) or raise --timeout: each pair runs twice, up to the pair limit each"
+
+# --- the soak (sm120check soak): what to do after a finding under serving load ---
+SOAK_SERVER_DIED = (
+    "read the server's log around the time named (an engine crash, an OOM kill, a CUDA error), and `sm120check "
+    "doctor` for Xids before restarting it"
+)
+SOAK_SERVER_STALLED = (
+    "the server took requests and sent no token: dump its threads (`py-spy dump --pid PID`), read its log, and look "
+    "for an Xid; lower --max-running-requests if it recurs at this concurrency only"
+)
+SOAK_THROUGHPUT = (
+    "tokens/s fell and stayed down: look at the clocks, power and temperature plotted beside it (throttling) and "
+    "at the server's log (evictions, retractions); soak again at a lower concurrency to see where it holds"
+)
+SOAK_CLOCKS_BELOW_BASE = "the SM clock fell below its base clock under load: " + CLOCKS_HW_SLOWDOWN
+SOAK_SAMPLER_HUNG = (
+    "NVML stopped answering under load (a wedged GPU or driver): look for Xid 119/154/79 in the kernel log "
+    "(`sm120check doctor`), drain the node and reboot it"
+)
+SOAK_NVML = "install the NVIDIA driver (libnvidia-ml.so.1) or run where the GPUs are visible; " + DRIVER_NO_GPU

@@ -6,7 +6,8 @@ https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (listing r5
 leptonai/gpud components/accelerator/nvidia/query/xid/xid.go). Where NVIDIA's listing gives no action, the step
 here is ours and says so ("sm120kit:"). Severity "fail" = the set Azure/azurehpc-health-checks treats as a node
 fault (customTests/azure_gpu_xid.nhc: 48 56 57 58 62 63 64 65 68 69 73 74 79 80 81 92 119 120) plus 95 and 140
-(uncontained / unrecovered ECC); "warn" = usually an application fault or a follow-on message.
+(uncontained / unrecovered ECC) and 154 (the driver asks for a GPU reset or a reboot); "warn" = usually an
+application fault or a follow-on message.
 An Xid not listed here is reported as "not in the catalogue" with the URL, never guessed.
 """
 
@@ -145,6 +146,13 @@ CATALOGUE: dict[int, XidInfo] = {
         XidInfo(119, "GSP RPC Timeout", "fail", _RESET_OURS),
         XidInfo(120, "GSP Error", "fail", _RESET_OURS),
         XidInfo(140, "Unrecovered ECC Error", "fail", _RESET_OURS),
+        XidInfo(
+            154,
+            "GPU Recovery Action Changed",
+            "fail",
+            "NVIDIA: do the recovery action the line names (GPU Reset Required: drain and reset the GPU; Node Reboot "
+            "Required: drain and reboot). sm120kit: on RTX parts where `nvidia-smi -r` is unsupported, reboot",
+        ),
     )
 }
 
