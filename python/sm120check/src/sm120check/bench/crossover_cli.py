@@ -287,7 +287,10 @@ def _switch(args: argparse.Namespace) -> bool:
     """Whether the servers' SGLang tree has the speculation switch, from its source (never guessed: no tree, no
     switch)."""
     source = getattr(args, "sglang_source", None)
-    root = resolve_source(source) if source else find_installed()
+    try:
+        root = resolve_source(source) if source else find_installed()
+    except SglangError as exc:
+        raise SglangError(str(exc).replace(f"--source {source}:", f"--sglang-source {source}:", 1)) from None
     if root is None:
         return False
     tree = SourceTree(root)

@@ -35,6 +35,7 @@ ENV_MIN_BS = "SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS"
 LOG_PREFIX = "sm120kit plain decode batches: "
 READY_PREFIX = "sm120kit plain decode: ready"
 LOG_EVERY = 200
+MAX_RECORD_CHARS = 1 << 16  # a count line of the patch's is a few hundred characters; a longer one is not its
 _CALL_WANTED = "self._sm120kit_plain_decode_wanted(batch)"
 _INIT_CALL = "self._sm120kit_plain_decode_init()"
 # Module-level names the added methods use, bound by the worker module of both releases
@@ -274,11 +275,11 @@ def counts(lines: list[str]) -> dict[str, object] | None:
     """The last `sm120kit plain decode batches:` record of a server log, strictly read (None: no such line)."""
     for line in reversed(lines):
         at = line.find(LOG_PREFIX)
-        if at < 0:
+        if at < 0 or len(line) > MAX_RECORD_CHARS:
             continue
         try:
             raw = json.loads(line[at + len(LOG_PREFIX) :].strip())
-        except ValueError:
+        except (ValueError, RecursionError):  # not the patch's line: a hand-made or cut one
             continue
         if not isinstance(raw, dict) or not isinstance(raw.get("decode_batches"), int):
             continue
