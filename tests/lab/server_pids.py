@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,12 +80,14 @@ def _locked() -> Iterator[list[Started]]:
         fh.write(json.dumps(rows))
 
 
-def record(pid: int) -> None:
-    """Add the running process `pid` (just started, in its own process group) to the state file."""
+def record(pid: int, argv: Sequence[str]) -> None:
+    """Add the running process `pid` (just started from `argv`, in its own process group) to the state file. The
+    command line recorded is `argv`, not /proc's: right after the fork the child may not have exec'd it yet."""
     started = describe(pid)
     if started is None:
         return
-    started = Started(started.pid, started.start_ticks, started.cmdline, (os.getpid(), _proc_start(os.getpid()) or 0))
+    by = (os.getpid(), _proc_start(os.getpid()) or 0)
+    started = Started(started.pid, started.start_ticks, tuple(map(str, argv)), by)
     with _locked() as entries:
         entries[:] = [e for e in entries if e.pid != pid] + [started]
 

@@ -277,7 +277,7 @@ def start(name: str, launch: Path, wait: dict[str, Any] | None = None) -> Genera
     log = OUT / f"{name}.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server_pids.record(proc.pid)
+    server_pids.record(proc.pid, argv)
     server = Server(name, wait["health_url"].rsplit("/health", 1)[0], log, launch, proc)
     deadline = time.monotonic() + int(wait["retries"]) * int(wait["delay"])
     try:

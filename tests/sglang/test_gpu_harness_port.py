@@ -148,8 +148,9 @@ def test_a_server_that_exits_while_another_answers_fails_naming_both(tmp_path: P
 HARNESS = """
 import subprocess, sys, time
 from lab import server_pids
-server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
-server_pids.record(server.pid)
+argv = [sys.executable, "-c", "import time; time.sleep(300)"]
+server = subprocess.Popen(argv, start_new_session=True)
+server_pids.record(server.pid, argv)
 print(server.pid, flush=True)
 time.sleep(300)
 """
