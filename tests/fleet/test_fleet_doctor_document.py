@@ -119,6 +119,15 @@ def test_the_sglang_server_role_reads_the_verdicts_of_a_written_report(tmp_path:
                         "sglang_server_allreduce_fusion": "auto",
                         "sglang_server_symm_mem": "auto",
                         "sglang_server_custom_all_reduce": "auto",
+                        # what the PCIe-IPC choice in verdicts.yml reads (the role's defaults)
+                        "sglang_server_pcie_ipc_allreduce": "auto",
+                        "sglang_server_pcie_ipc_max_bs": None,
+                        "sglang_server_hidden_size": None,
+                        "sglang_server_max_running_requests": None,
+                        "sglang_server_speculative": True,
+                        "sglang_server_speculative_num_draft_tokens": 4,
+                        "sglang_server_tp_size": 8,
+                        "sglang_server_extra_args": [],
                     },
                     "tasks": [
                         {"ansible.builtin.import_tasks": str(role / "tasks" / "verdicts.yml")},
