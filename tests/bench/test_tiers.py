@@ -122,3 +122,25 @@ def test_crossover_more_spec_refuses_a_sweep_without_its_draft_steps(
     status = main(["crossover", str(BASE), str(SPEC), "--more-spec", str(bare), "--sglang-source", str(tmp_path)])
     assert status == 2
     assert "draft steps" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.23"])
+def test_sglangs_own_slots_keep_the_tiers_whatever_the_acceptance(tmp_path: Path, version: str) -> None:
+    """The tiers file in SGLang's own adaptive code (the release's adaptive_spec_params.py, tests/bench/engine_rules):
+    its loader takes it, and a one-candidate slot never moves, a [0] slot included, however the drafts fare."""
+    from bench.engine_rules import sglang_release
+
+    config = tiers.sglang_config(tiers.plan(real(), switch=True))
+    path = tmp_path / tiers.TIERS_FILE
+    path.write_text(json.dumps(config))
+    release = sglang_release(version)
+    top = max(t.steps for t in tiers.plan(real(), switch=True).tiers)
+    params = release.adaptive_params(top, str(path))
+    for start, slot in config.items():
+        batch = int(start)
+        want = slot["candidate_steps"][0]
+        for correct in (0, top, 0, top):  # every draft rejected, then every draft accepted, for many batches
+            for _ in range(100):
+                params.on_verify_complete([correct] * batch, batch_size=batch)
+            assert params.get_steps_for_batch(batch) == want, (version, batch, correct)
