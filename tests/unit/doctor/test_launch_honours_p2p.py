@@ -121,18 +121,15 @@ def nccl_pair_hangs() -> Result:
 EXTRA: dict[str, Callable[[], list[Result]]] = {"clean-but-nccl-pair-hangs": lambda: [nccl_pair_hangs()]}
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str, Path]]:
-    """{case: (its play's output as one line, launch-command.txt, its config dir)}, from one ansible-playbook run."""
-    tmp = tmp_path_factory.mktemp("launch-p2p")
+def play_cases(tmp: Path, cases: dict[str, tuple[list[Result], dict[str, object]]]) -> dict[str, str]:
+    """Each case's doctor results and role variables as one play of the sglang_server role's configure tags, all in
+    one ansible-playbook run: {case: its play's output as one line}; each case's rendered files in tmp/CASE/etc."""
     plays = []
-    for case, (fabric, overrides) in CASES.items():
+    for case, (results, overrides) in cases.items():
         work = tmp / case
-        work.mkdir()
-        results = [Result("driver", Status.PASS, "driver 580.95.05"), *pcie_results(fabric(work / "node"))]
+        work.mkdir(exist_ok=True)
         info = RunInfo(host="node", version="test", started="2026-12-01T00:00:00Z", seconds=3.0, level=3, manifest="")
-        extra = EXTRA[case]() if case in EXTRA else []
-        (work / "doctor.json").write_text(to_json([*results, *level3_passes(), *extra], info), encoding="utf-8")
+        (work / "doctor.json").write_text(to_json(results, info), encoding="utf-8")
         (work / "units").mkdir()
         variables: dict[str, object] = {
             "sglang_server_model_path": "/models/Kimi-K2.5-NVFP4",
@@ -155,7 +152,20 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, s
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
     # ansible.cfg's YAML result format wraps a long message at spaces and doubles a quote: one line per play here.
     parts = re.split(r"^PLAY \[", run.stdout, flags=re.MULTILINE)[1:]
-    outputs = {part.split("]", 1)[0]: " ".join(part.split()).replace("''", "'") for part in parts}
+    return {part.split("]", 1)[0]: " ".join(part.split()).replace("''", "'") for part in parts}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str, Path]]:
+    """{case: (its play's output as one line, launch-command.txt, its config dir)}, from one ansible-playbook run."""
+    tmp = tmp_path_factory.mktemp("launch-p2p")
+    cases: dict[str, tuple[list[Result], dict[str, object]]] = {}
+    for case, (fabric, overrides) in CASES.items():
+        (tmp / case).mkdir()
+        results = [Result("driver", Status.PASS, "driver 580.95.05"), *pcie_results(fabric(tmp / case / "node"))]
+        extra = EXTRA[case]() if case in EXTRA else []
+        cases[case] = ([*results, *level3_passes(), *extra], overrides)
+    outputs = play_cases(tmp, cases)
     return {
         case: (outputs[case], (tmp / case / "etc" / "launch-command.txt").read_text(), tmp / case / "etc")
         for case in CASES

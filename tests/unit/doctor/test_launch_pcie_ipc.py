@@ -13,17 +13,14 @@ installed). Every case renders in one ansible-playbook run, a play per case.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 from types import ModuleType
 
 import pytest
-from test_launch_honours_p2p import ANSIBLE, PLAY, ROOT, clean, nccl_pair_hangs, pcie_results, translated
+from test_launch_honours_p2p import ROOT, clean, nccl_pair_hangs, pcie_results, play_cases, translated
 
 from sm120check.comm.flashinfer_release import fusion_support
 from sm120check.doctor.checks import comm, pairs
@@ -32,7 +29,6 @@ from sm120check.doctor.nvml_api import Gpu
 from sm120check.doctor.payloads.nccl_pair import PairRun
 from sm120check.doctor.payloads.topology import AcsEvidence
 from sm120check.doctor.probes import fusion
-from sm120check.doctor.report import RunInfo, to_json
 
 
 def _comm_answers() -> ModuleType:
@@ -115,36 +111,13 @@ FABRIC = {"translated": translated}
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, dict[str, str]]]:
     """{case: (its play's output as one line, the server's environment file as a dict)}, from one run."""
     tmp = tmp_path_factory.mktemp("launch-pcie-ipc")
-    plays = []
+    cases: dict[str, tuple[list[Result], dict[str, object]]] = {}
     for case, (results, overrides) in CASES.items():
-        work = tmp / case
-        work.mkdir()
-        fabric = FABRIC.get(case, clean)(work / "node")
+        (tmp / case).mkdir()
+        fabric = FABRIC.get(case, clean)(tmp / case / "node")
         doc = [Result("driver", Status.PASS, "driver 580.95.05"), *pcie_results(fabric), *results()]
-        info = RunInfo(host="node", version="test", started="2026-12-01T00:00:00Z", seconds=3.0, level=3, manifest="")
-        (work / "doctor.json").write_text(to_json(doc, info), encoding="utf-8")
-        (work / "units").mkdir()
-        variables: dict[str, object] = {
-            "sglang_server_model_path": "/models/Kimi-K2.5-NVFP4",
-            "sglang_server_draft_model_path": "/models/Kimi-K2.5-EAGLE3",
-            "sglang_server_python": "/opt/sm120kit/venv/bin/python",
-            "sglang_server_config_dir": str(work / "etc"),
-            "sglang_server_unit_dir": str(work / "units"),
-            "sglang_server_doctor_report": str(work / "doctor.json"),
-            **overrides,
-        }
-        (work / "vars.json").write_text(json.dumps(variables), encoding="utf-8")
-        plays.append(PLAY.format(case=case, vars_file=json.dumps(str(work / "vars.json"))))
-    (tmp / "play.yml").write_text("".join(plays), encoding="utf-8")
-    run = subprocess.run(
-        [ANSIBLE, str(tmp / "play.yml"), "-i", "localhost,", "--tags", "sglang_server_configure",
-         "-e", f"ansible_python_interpreter={sys.executable}"],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=300,
-        env={**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_NOCOLOR": "1"},
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
-    parts = re.split(r"^PLAY \[", run.stdout, flags=re.MULTILINE)[1:]
-    outputs = {part.split("]", 1)[0]: " ".join(part.split()).replace("''", "'") for part in parts}
+        cases[case] = (doc, overrides)
+    outputs = play_cases(tmp, cases)
     out: dict[str, tuple[str, dict[str, str]]] = {}
     for case in CASES:
         text = (tmp / case / "etc" / "environment").read_text(encoding="utf-8")
