@@ -100,12 +100,22 @@ class _Missing(HttpError):
     """The route answered 404/405/501."""
 
 
-async def bounded_get(conn: Connection, path: str, timeout: float) -> tuple[int, bytes]:
-    """GET path, bounded from connect to the last body byte: a stalled server is an HttpError naming the URL."""
+MAX_INFO_BYTES = 4 << 20  # a server-info, props or models body (SGLang 0.5.16's /server_info is 35 KiB)
+
+
+async def bounded_get(conn: Connection, path: str, timeout: float, limit: int = MAX_INFO_BYTES) -> tuple[int, bytes]:
+    """GET path, bounded from connect to the last body byte and to `limit` bytes: a stalled server or an endless
+    body is an HttpError naming the URL."""
 
     async def get() -> tuple[int, bytes]:
         response = await conn.request("GET", path)
-        return response.status, await response.read()
+        body = bytearray()
+        async for part in response.iter_body():
+            body += part
+            if len(body) > limit:
+                await conn.close()
+                raise HttpError(f"GET {conn.endpoint}{path}: larger than {limit} bytes; not read further")
+        return response.status, bytes(body)
 
     try:
         return await asyncio.wait_for(get(), timeout)

@@ -9,7 +9,6 @@ refuses it.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import math
@@ -17,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
 
+from sm120check.bench.engines import bounded_get
 from sm120check.bench.http import Connection, Endpoint, HttpError
 from sm120check.bench.records import LevelSummary, RecordError
 
-MAX_IDENTITY_BYTES = 4 << 20  # SGLang 0.5.16's /server_info is 35 KiB
 MAX_VALUE_CHARS = 300
 CHANGED = "server_changed"  # level flag: the identity changed during this level or since the previous level's end
 SWEEP_CHANGED = "sweep_server_changed"  # level flag: the server is not the one this sweep started with
@@ -122,7 +121,7 @@ async def fetch_identity(
     conn = Connection(endpoint, dict(headers), connect_timeout=min(timeout, 10.0))
     try:
         for path in routes:
-            status, body = await _bounded_get(conn, path, timeout)
+            status, body = await bounded_get(conn, path, timeout)
             if status in (404, 405, 501):
                 continue
             if status != 200:
@@ -135,27 +134,6 @@ async def fetch_identity(
         return None
     finally:
         await conn.close()
-
-
-async def _bounded_get(conn: Connection, path: str, timeout: float) -> tuple[int, bytes]:
-    async def get() -> tuple[int, bytes]:
-        response = await conn.request("GET", path)
-        body = bytearray()
-        async for part in response.iter_body():
-            body += part
-            if len(body) > MAX_IDENTITY_BYTES:
-                await conn.close()
-                raise HttpError(f"GET {conn.endpoint}{path}: larger than {MAX_IDENTITY_BYTES} bytes; not read further")
-        return response.status, bytes(body)
-
-    try:
-        return await asyncio.wait_for(get(), timeout)
-    except asyncio.TimeoutError:
-        await conn.close()
-        raise HttpError(
-            f"GET {conn.endpoint}{path}: no complete response within {timeout:g} s (the server stalled; "
-            "--info-timeout sets the limit)"
-        ) from None
 
 
 @dataclass(frozen=True)
