@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from doctor_helpers import SRC, facts_for, gpu, write_manifest
 
+from sm120check import manifest
 from sm120check.doctor import child, cli, facts, nvrtc_api
 from sm120check.doctor.checks import comm, driver, nvrtc_launch, sglang, torch
 from sm120check.doctor.model import Context, Result, Status
@@ -269,8 +270,14 @@ def test_the_health_probe_starts_in_the_background_and_every_reader_gets_the_sam
     assert facts.gather(facts.NodeFacts(), timeout=60, nvml=False).health is None  # no health check: not asked
 
 
+def _judge_this_venv(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No manifest, so the doctor judges the dev venv (its CPU torch), not the stack venv of a machine that was
+    provisioned as a node (its /etc/sm120kit/manifest.json names a venv without torch)."""
+    monkeypatch.setenv(manifest.ENV_VAR, str(tmp_path / "no-manifest.json"))
+
+
 def test_the_torch_probe_starts_with_the_facts_once_and_the_torch_check_judges_its_answer(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """The slowest level-2 child starts before the checks (not after `toolkit` and `driver`); the real torch probe
     runs (the dev venv's CPU torch), once, from the facts thread, and the torch check judges that answer."""
@@ -284,6 +291,7 @@ def test_the_torch_probe_starts_with_the_facts_once_and_the_torch_check_judges_i
         return real(module, *args, **kwargs)
 
     monkeypatch.setattr(child, "run_probe", run_probe)
+    _judge_this_venv(monkeypatch, tmp_path)
     assert cli.main(_doctor_args("--select", "torch", "--json")) in (0, 1)
     results = {r["id"]: r for r in json.loads(capsys.readouterr().out)["results"]}
     torch_runs = [thread for module, thread in started if module == torch.PROBE]
@@ -300,7 +308,7 @@ def test_without_torch_in_the_venv_no_torch_probe_starts_early() -> None:
 
 
 def test_a_level_2_run_starts_the_torch_probe_before_it_reads_the_venv_and_plans(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """No --select, torch not skipped: the probe starts before the local facts (the distributions scan) and the
     catalogue's plan, so their time overlaps with torch's import; still one probe, judged by the torch check."""
@@ -323,6 +331,7 @@ def test_a_level_2_run_starts_the_torch_probe_before_it_reads_the_venv_and_plans
     monkeypatch.setattr(child, "run_probe", run_probe)
     monkeypatch.setattr(facts, "start", start)
     monkeypatch.setattr(facts, "local", local)
+    _judge_this_venv(monkeypatch, tmp_path)
     skip = ",".join(c.id for c in cli_checks() if c.id != "torch")
     assert cli.main(_doctor_args("--skip", skip, "--json")) in (0, 1)
     results = {r["id"]: r for r in json.loads(capsys.readouterr().out)["results"]}

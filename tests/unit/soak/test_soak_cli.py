@@ -25,9 +25,14 @@ STANDIN = "unit.soak.nvml_standin"
 HUNG = "unit.soak.hung_child"
 
 
+TESTS = Path(__file__).resolve().parents[2]  # the stand-ins are imported as unit.soak.* by the child interpreter
+
+
 @pytest.fixture(autouse=True)
 def _standin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(soak_cli, "SAMPLER", STANDIN)
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", f"{TESTS}{os.pathsep}{path}" if path else str(TESTS))
 
 
 def _samples(out: Path) -> tuple[list[GpuSample], list[ServerInterval]]:
