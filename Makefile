@@ -55,7 +55,7 @@ lint: dev  ## ruff, mypy, role README tables, the GPU coverage table, no test th
 	$(BIN)/python scripts/test_asserts.py
 
 test: dev lab lint  ## every test this machine can run: unit, Ansible, container integration
-	$(BIN)/pytest -m "not gpu and not full" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not gpu and not full" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 test-fast: dev  ## the fast tier: no containers, no downloads
 	$(BIN)/pytest -m "not container and not slow and not gpu and not full" $(PYTEST_ARGS)
