@@ -28,7 +28,7 @@ class Finding:
     claim: str  # what was measured, in one or a few sentences
     numbers: Mapping[str, Any]  # the figures code formats from: name -> number or list of numbers
     versions: Mapping[str, str]  # the software measured: name -> release
-    machine: str  # what it ran on ("1x H200")
+    machine: str  # what it ran on, as the record names it
     record: str  # the docs/validation/ record that holds the run
 
     def cite(self) -> str:
