@@ -32,8 +32,8 @@ class Finding:
     record: str  # the docs/validation/ record that holds the run
 
     def cite(self) -> str:
-        """`finding <id> (<record>)`: the one-sentence citation a message carries."""
-        return f"finding {self.id} ({self.record})"
+        """`finding <id>, <record>`: the citation a message carries."""
+        return f"finding {self.id}, {self.record}"
 
 
 def _number(value: object) -> bool:
