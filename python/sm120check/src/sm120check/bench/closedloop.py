@@ -242,9 +242,9 @@ async def run_level(
 
     async def stopper() -> None:
         # With a duration the window closes at the deadline and no worker sends again; requests still running then
-        # finish (drain), their tokens after the deadline outside the window. Cancelling them instead left a real
-        # SGLang 0.5.16 server generating every cut stream to its end, inside the next level's window and counters
-        # (docs/validation/2026-12-02-h200-sglang-server); draining costs at most one request lifetime per level.
+        # finish (drain), their tokens after the deadline outside the window. A cancelled stream keeps generating on
+        # the server, inside the next level's window and counters (see finding sglang-cancelled-streams-run-on);
+        # draining costs at most one request lifetime per level.
         while state.deadline is None:
             await asyncio.sleep(0.01)
         while True:
@@ -274,8 +274,8 @@ NO_NUMBERS = "no_numbers"  # the flag of a level where no measured request can b
 
 
 # The lifetimes the window is stretched to, over the ones asked for: the mean lifetime of the requests done so far
-# runs short of the level's (the longest ones are still running), so windows aimed at exactly 20 closed at 19.7-19.99
-# on a real SGLang server (docs/validation/2026-12-02-h200-policy), under the 20 the counter check needs
+# runs short of the level's (the longest ones are still running), so windows aimed at exactly 20 closed short of the
+# 20 the counter check needs (see finding bench-window-lifetimes-short)
 LIFETIME_MARGIN = 1.05
 
 

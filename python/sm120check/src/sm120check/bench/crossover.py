@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from sm120check import findings
 from sm120check.bench.goodput import Goodput, GoodputError
 from sm120check.bench.identity import refuse_changed_server
 from sm120check.bench.percentiles import mean_std
@@ -237,10 +238,18 @@ def analyze(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: t
 # At the lowest level, an accept length this close to the steps + 1 a verify can take says more draft steps are
 # likely to pay at low load: the policies cannot place steps the sweep did not measure.
 DEEPER_ACCEPT = 0.8
-DEEPER_MEASURED = (
-    "an SGLang 0.5.16 server at 7 static steps beat the 3-step one at C=1, 2, 5, measured on another server start: "
-    "docs/validation/2026-12-02-h200-deeper"
-)
+DEEPER_FINDING = "sglang-deeper-steps-pay-at-low-load"
+
+
+def deeper_measured() -> str:
+    """The measurement behind the deeper-steps note, formatted from its finding."""
+    finding = findings.get(DEEPER_FINDING)
+    n = finding.numbers
+    levels = ", ".join(str(c) for c in n["concurrencies"])
+    return (
+        f"an SGLang {finding.versions['sglang']} server at {n['steps']} static steps beat the "
+        f"{n['baseline_steps']}-step one at C={levels}, measured on another server start: see {finding.cite()}"
+    )
 
 
 def deeper_steps_note(levels: Sequence[LevelCompare], steps: int | None) -> str:
@@ -256,13 +265,13 @@ def deeper_steps_note(levels: Sequence[LevelCompare], steps: int | None) -> str:
         f"{steps}-step verify takes ({share:.0%}): more draft steps are likely to pay at low load, and the "
         f"policies stop at the {steps} this sweep measured; bench a speculative server with more (SGLang: "
         f"--speculative-num-steps {2 * steps + 1} --speculative-num-draft-tokens {2 * steps + 2}) and compare "
-        f"the two sweeps ({DEEPER_MEASURED})"
+        f"the two sweeps ({deeper_measured()})"
     )
 
 
 def allreduce_of(record: LevelSummary) -> tuple[str, str]:
-    """The all-reduce backend the record's server used and why: `meta.server.allreduce_backend` (bench records since
-    issue #38), else what the recorded server_info fields tell (tp_size 1: none; SGLang before 0.5.22: default)."""
+    """The all-reduce backend the record's server used and why: `meta.server.allreduce_backend` (in bench records that
+    carry it), else what the recorded server_info fields tell (tp_size 1: none; SGLang before 0.5.22: default)."""
     server = record.meta.get("server")
     if not isinstance(server, Mapping):
         return Backend.UNKNOWN.value, "no server facts in the record"

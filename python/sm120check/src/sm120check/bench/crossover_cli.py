@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from sm120check import argtypes
+from sm120check import argtypes, findings
 from sm120check.bench import tiers
 from sm120check.bench.crossover import (
     METRICS,
@@ -41,6 +41,7 @@ from sm120check.bench.crossover_report import SweepFacts, render_json, render_te
 from sm120check.bench.plot import PlotUnavailable, write_png
 from sm120check.bench.policy import (
     ALL_POLICY_FILES,
+    REDUCED_TIER_FINDING,
     ROUTER_FILE,
     SGLANG_FILE,
     TRTLLM_FILES,
@@ -113,7 +114,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="add a one-draft-step tier in the half-decade below the crossover (off by default: no sweep at reduced "
         "steps backs it, and full speculation measured ahead there on a real SGLang server: "
-        "docs/validation/2026-12-02-h200-sglang-server)",
+        f"see {findings.get(REDUCED_TIER_FINDING).cite()})",
     )
     p.add_argument(
         "--zero-step",

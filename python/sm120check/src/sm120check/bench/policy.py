@@ -2,24 +2,19 @@
 
 All of them say the same thing: full speculation below the crossover, none at and above it; with
 `reduced_tier`, reduced speculation (one draft step) in the half-decade below it. The reduced tier is opt-in: the
-two sweeps measure full speculation and none, not one step, and on a real SGLang 0.5.16 server (H200, 2026-12-02)
-full speculation measured 6.8 % ahead at C=10 (one run, its window halves 24 % apart), inside the half-decade below
-a crossover at 13.2 where the tier would have given it up. The engines key on the running batch size, which equals the
-client concurrency while concurrency stays below the server's max running requests. Formats, each checked against
-the engine's own code (tests/bench/test_policy_engines.py):
+two sweeps measure full speculation and none, not one step, and full speculation has measured ahead inside that
+half-decade (see finding sglang-full-speculation-ahead-below-crossover). The engines key on the running batch size,
+which equals the client concurrency while concurrency stays below the server's max running requests. Formats, each
+checked against the engine's own code (tests/bench/test_policy_engines.py):
 - SGLang 0.5.14+: `--speculative-adaptive --speculative-adaptive-config FILE`, FILE a JSON object keyed by the
   smallest batch size of each slot, each with `candidate_steps` (EAGLE/EAGLE3, topk 1; the initial
   --speculative-num-steps must be one of the candidates). SGLang pads the running batch up to its next speculative
   CUDA-graph capture size before it picks a slot, so a slot can only begin right after a capture size: the keys
   are snapped to those boundaries (at or below the intended batch size). 0.5.13 refuses a 0-step candidate,
   0.5.11/0.5.12 silently ignore per-batch-size slots.
-  A 0-step slot is not the plain server: on a real SGLang 0.5.16 server (H200, 2026-12-02) the EAGLE-3 server in
-  its 0-step slot gave 0.39-0.53 x the plain server's throughput at C=10-250, below full speculation's 0.58-0.83 x
-  (it still runs a one-token verify and the draft's extend every step, and SGLang caps a speculative server at 48
-  running requests). Uncapped and with SGLang's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 (no draft extend at 0
-  steps) it gave 0.43-0.71 x, still below full speculation at every level to C=250 (the one-token verify through
-  the speculative path costs that much; docs/validation/2026-12-02-h200-policy-2). The base sweep says nothing
-  about that tier, so the SGLang file gets a 0 candidate only from a measured 0-step sweep (`ZeroStep`: the
+  A 0-step slot is not the plain server: it still runs a one-token verify through the speculative path every step,
+  and measured below full speculation at every level (see finding sglang-zero-step-verify-cost). The base sweep says
+  nothing about that tier, so the SGLang file gets a 0 candidate only from a measured 0-step sweep (`ZeroStep`: the
   speculative server started with ZERO_STEP_FILE, benched, passed as `crossover --zero-step`), from the batch size
   where it overtakes full speculation; without one, the file keeps speculation at every batch size and the plain
   server's throughput above the crossover is the router's to get.
@@ -37,6 +32,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
+from sm120check import findings
 from sm120check.bench.crossover import Analysis, ZeroStep
 
 SGLANG_MIN_RELEASE = "0.5.14"
@@ -79,15 +75,25 @@ def sglang_slot_start(batch: int) -> int:
     return max([1] + [c + 1 for c in sglang_speculative_capture_sizes(batch) if c + 1 <= batch])
 
 
-# SGLang's 0-step tier measured on the H200 (docs/validation/2026-12-02-h200-policy, then -policy-2 uncapped and
-# without the draft extend): the 0-step server's throughput over the plain server's at C=10, 30, 70, 100, 250
-ZERO_STEP_MEASURED = "below the plain server at every level (docs/validation/2026-12-02-h200-policy-2)"
-# SGLang's adaptive mode against the same server without it, same steps and accept length (H200,
-# docs/validation/2026-12-02-h200-policy and -policy-2)
-ADAPTIVE_AT_C1 = (
-    "SGLang 0.5.16's adaptive mode was slower than the static server at C=1 in two runs "
-    "(docs/validation/2026-12-02-h200-policy-2)"
-)
+ZERO_STEP_FINDING = "sglang-zero-step-verify-cost"
+REDUCED_TIER_FINDING = "sglang-full-speculation-ahead-below-crossover"  # why the reduced tier is opt-in
+ADAPTIVE_FINDING = "sglang-adaptive-slower-at-c1"  # adaptive mode against the same server without it, same steps
+
+
+def zero_step_measured() -> str:
+    """What a measured 0-step slot gave, against the plain server, and where it was measured."""
+    return f"below the plain server at every level (see {findings.get(ZERO_STEP_FINDING).cite()})"
+
+
+def adaptive_at_c1() -> str:
+    """SGLang's adaptive mode at the static server's steps, as measured."""
+    finding = findings.get(ADAPTIVE_FINDING)
+    return (
+        f"SGLang {finding.versions['sglang']}'s adaptive mode was slower than the static server at "
+        f"C={finding.numbers['concurrency']} in {finding.numbers['runs']} runs (see {finding.cite()})"
+    )
+
+
 # A slot key no running batch reaches: SGLang's zero-step measuring file names the server's draft steps there, so the
 # union of its candidates (which sizes SGLang's draft buffers and graphs) still matches --speculative-num-steps
 UNREACHED_BATCH = 1 << 20
@@ -108,7 +114,7 @@ class SGLangPolicy:
             return ""
         return (
             f"the file gives every batch size the same candidates, so it changes nothing with load; at unchanged "
-            f"steps {ADAPTIVE_AT_C1}: unless you want SGLang to drop to fewer steps when acceptance falls, launch "
+            f"steps {adaptive_at_c1()}: unless you want SGLang to drop to fewer steps when acceptance falls, launch "
             f"static (--speculative-num-steps {self.initial_steps}, without --speculative-adaptive)"
         )
 
@@ -200,7 +206,7 @@ def _sglang(k: int, off_at: int, reduced_from: int | None, zero_step: ZeroStep |
     if zero_step is None:
         why = (
             "no 0-step slot: no 0-step sweep was given (crossover --zero-step), and a 0-step slot is not the plain "
-            f"server: measured {ZERO_STEP_MEASURED}"
+            f"server: measured {zero_step_measured()}"
         )
     elif zero_step.crossover is None:
         why = f"no 0-step slot: in {zero_step.source} 0 steps never overtake full speculation ({zero_step.message})"

@@ -40,8 +40,8 @@ def synthetic_prompts(count: int, words: int, seed: int = 0) -> list[str]:
 def unique_prompt(body: str, run_id: str, level: int, index: int) -> str:
     """`body` with a tag no other request of any run shares, as its first words, most varying part first: the
     request's index, then the level, then the run id. A prefix cache matches from the first token, so a tag that
-    began with the run id (shared by every request of the run) was a cache hit of its own: 5 % of each prompt on a
-    real SGLang 0.5.16 server (the H200 run of 2026-12-01, prompts of 64 words spelled in character pieces)."""
+    began with the run id (shared by every request of the run) was a cache hit of its own (see finding
+    bench-prompt-tag-cache-hit)."""
     return f"[#{index} C{level} {run_id}] {body}"
 
 

@@ -9,16 +9,13 @@ window's lifetimes, and only called a disagreement where the window spans at lea
 
 The counter is read every SAMPLE_S, so its value at a window edge is only known to lie between the samples around
 the edge: the rate over an 8 s window is then known to about +-2 x SAMPLE_S / 8 s (6 %) of the interpolated figure.
-A disagreement is called only outside that bracket (widened by TOLERANCE): on the H200 the interpolated figure read
-6.3 % above the bench at 21 lifetimes (base server, C=10, docs/validation/2026-12-02-h200-policy-2), within what
-samples a quarter second apart can resolve over an 8 s window.
+A disagreement is called only outside that bracket (widened by TOLERANCE); see finding
+bench-counter-sampling-bracket.
 
-On a real SGLang 0.5.16 server the level figure reconstructed from its decode log could not be cut at the bench's
-window (whole-second timestamps): off by up to 59 % on short levels (docs/validation/2026-12-01-h200-sglang-server).
-The counter, read here every SAMPLE_S on the bench's own clock, can. SGLang's `sglang:gen_throughput` gauge (the
-rate of its last decode log interval) is no reference: averaged over the same windows it read 7 % below the bench
-and the counter (which agreed within 0.3 %) on the base server at concurrency 1, and up to 30 % above both on the
-EAGLE-3 server from concurrency 10 (same record).
+A level figure rebuilt from SGLang's decode log cannot be cut at the bench's window (whole-second timestamps; see
+finding sglang-decode-log-window-error); the counter, read here every SAMPLE_S on the bench's own clock, can.
+SGLang's `sglang:gen_throughput` gauge (the rate of its last decode log interval) is no reference: it is biased both
+ways against the bench and the counter (see finding sglang-gen-throughput-gauge-bias).
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ GENERATION_COUNTERS = {
 SAMPLE_S = 0.25
 TOLERANCE = 0.05  # the bench's throughput and the server's counter agree within this, over a long enough window
 # Shorter windows: the completion counter's edge error (up to one lifetime's releases at each edge, bunched in a
-# closed loop) can exceed the tolerance. Measured on a real SGLang 0.5.16 server (H200, 2026-12-02): within 3.1 %
-# at 14-45 lifetimes on every level, but 6.0 % at 10.7 and 8.9 % at 10.9 lifetimes, 9.5-14.5 % at 2.8-4.6.
+# closed loop) can exceed the tolerance (see finding bench-counter-short-windows).
 MIN_LIFETIMES = 20.0
 
 

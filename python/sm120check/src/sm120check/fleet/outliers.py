@@ -69,7 +69,7 @@ class Figure:
 
     @property
     def group(self) -> str:
-        """What the figure is compared within: 'NVIDIA H200', or 'NVIDIA H200 x2' for a 2-GPU allreduce."""
+        """What the figure is compared within: the GPU model, or the model and ' x2' for a 2-GPU allreduce."""
         return self.model if self.ranks is None else f"{self.model} x{self.ranks}"
 
 

@@ -70,7 +70,7 @@ def _group_of(outlier: Outlier) -> str:
 
 
 def _too_few(groups: tuple[Group, ...]) -> list[str]:
-    """'NVIDIA H200 x2 (2 values): nccl_allreduce.busbw_gbps, ...', one line per group and size."""
+    """'<group> (2 values): nccl_allreduce.busbw_gbps, ...', one line per group and size."""
     by: dict[tuple[str, int], list[str]] = {}
     for group in groups:
         by.setdefault((group.group, group.size), []).append(group.metric)

@@ -1,16 +1,19 @@
-"""What a cold FlashInfer JIT build blocks: measured seconds per module, with what was measured and where.
+"""What a cold FlashInfer JIT build blocks: measured seconds per module, and the finding they come from.
 
-Every figure here was measured with one setup (`MEASURED`): FlashInfer 0.7.2 and nvcc 13.0.88, target 90a, on H200
-hosts (the records named in each entry). trtllm_comm's one large source compiles on one core, so a host's core count
-barely matters; a 2-core CPU VM under load took far longer (892 s for both, docs/flashinfer-jit.md "Numbers"). For
-any other target (an SM120 node builds 120f) or another FlashInfer release, `estimate` returns these figures labelled
-with what they are and `measured=False`: the time for that setup is unknown until someone measures it.
+Every figure here comes from one setup (`measured_setup`: its FlashInfer, nvcc, target and GPU); see finding
+flashinfer-jit-cold-build. For any other target (an SM120 node builds 120f) or another FlashInfer release, `estimate`
+returns these figures labelled with what they are and `measured=False`: the time for that setup is unknown until
+someone measures it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from sm120check import findings
+
+COLD_BUILD_FINDING = "flashinfer-jit-cold-build"
 
 
 @dataclass(frozen=True)
@@ -26,15 +29,18 @@ class Measurement:
         return f"FlashInfer {self.flashinfer}, nvcc {self.nvcc}, target {self.arch} on {self.gpu}"
 
 
-MEASURED = Measurement(flashinfer="0.7.2", nvcc="13.0.88", arch="90a", gpu="H200")
-MEASURED_ARCH = MEASURED.arch
+def measured_setup() -> Measurement:
+    """The setup the cold-build figures were timed on, from their finding."""
+    finding = findings.get(COLD_BUILD_FINDING)
+    v = finding.versions
+    return Measurement(flashinfer=v["flashinfer"], nvcc=v["nvcc"], arch=v["arch"], gpu=finding.machine)
 
 
 @dataclass(frozen=True)
 class ColdCost:
     low: int  # seconds
     high: int
-    source: str  # the runs and the records they are in
+    source: str  # the finding the figures come from
 
 
 @dataclass(frozen=True)
@@ -44,44 +50,47 @@ class BuildEstimate:
     low: int
     high: int
     arch: str  # the node's target directory ("120f")
-    measured: bool  # False: the figures are MEASURED's, this setup's are unknown
+    measured: bool  # False: the figures are the measured setup's, this setup's are unknown
     flashinfer: str = ""  # the node's FlashInfer release ("" when not known)
 
     def phrase(self) -> str:
         """`~300-460 s (measured: FlashInfer 0.7.2, ...)`, or for another setup `an unmeasured time (...)`."""
+        setup = measured_setup()
         if self.measured:
-            return f"~{self.low}-{self.high} s (measured with {MEASURED.phrase()})"
+            return f"~{self.low}-{self.high} s (measured with {setup.phrase()})"
         unknown = []
-        if self.arch != MEASURED.arch:
+        if self.arch != setup.arch:
             unknown.append(f"{self.arch}")
-        if self.flashinfer and self.flashinfer != MEASURED.flashinfer:
+        if self.flashinfer and self.flashinfer != setup.flashinfer:
             unknown.append(f"FlashInfer {self.flashinfer}")
         what = " with ".join(unknown) or "these modules"
-        return f"an unmeasured time ({self.low}-{self.high} s measured with {MEASURED.phrase()}; {what} not timed yet)"
+        return f"an unmeasured time ({self.low}-{self.high} s measured with {setup.phrase()}; {what} not timed yet)"
 
 
-H200X2 = "2x H200, 32 cores (stack-facts section 7, docs/validation/2026-11-30-h200x2)"
-H200X1 = "1x H200, 16 cores, sm120check.jitcache.build (docs/validation/2026-12-01-h200-jit-builder)"
-COLD_BUILD: Mapping[str, ColdCost] = {
-    "trtllm_comm": ColdCost(260, 340, f"90a alone: 260-320 s on {H200X2}; 337 s on {H200X1}"),
-    "pcie_ipc_comm": ColdCost(11, 15, f"90a alone: 13 s and 15 s, 11 s beside trtllm_comm, on {H200X1}"),
-}
-TOGETHER: Mapping[frozenset[str], ColdCost] = {
-    frozenset({"trtllm_comm", "pcie_ipc_comm"}): ColdCost(
-        300, 460, f"90a: 330-460 s on {H200X2}; 307 s side by side and 350 s one after the other on {H200X1}"
-    ),
-}
+def _cold(key: str) -> ColdCost:
+    """The measured range for `key` ("trtllm_comm", "together"), with the finding it comes from."""
+    finding = findings.get(COLD_BUILD_FINDING)
+    low, high = finding.numbers[f"{key}_low_s"], finding.numbers[f"{key}_high_s"]
+    return ColdCost(int(low), int(high), f"see {finding.cite()}")
+
+
+COLD_MODULES = ("trtllm_comm", "pcie_ipc_comm")  # the modules the finding timed, alone and together
 UNMEASURED = ColdCost(60, 300, "not measured: a wide guess for a module not in the table")
 
 
 def cold_cost(module: str) -> ColdCost:
-    return COLD_BUILD.get(module, UNMEASURED)
+    return _cold(module) if module in COLD_MODULES else UNMEASURED
+
+
+def _together(names: list[str]) -> ColdCost | None:
+    """The measured range for exactly the timed modules built together (None for any other set)."""
+    return _cold("together") if set(names) == set(COLD_MODULES) else None
 
 
 def blocking_seconds(modules: Iterable[str]) -> tuple[int, int]:
     """The range a first start waits compiling these modules in the measured setup."""
     names = list(dict.fromkeys(modules))
-    together = TOGETHER.get(frozenset(names))
+    together = _together(names)
     if together is not None:
         return together.low, together.high
     costs = [cold_cost(m) for m in names]
@@ -90,18 +99,19 @@ def blocking_seconds(modules: Iterable[str]) -> tuple[int, int]:
 
 def estimate(modules: Iterable[str], arch: str, flashinfer: str | None = None) -> BuildEstimate:
     """The wait for these modules on a node whose target directory is `arch` and FlashInfer `flashinfer` (None:
-    not known): measured only for MEASURED's target and release."""
+    not known): measured only for the measured setup's target and release."""
     names = list(dict.fromkeys(modules))
     low, high = blocking_seconds(names)
-    same_release = flashinfer in (None, MEASURED.flashinfer)
-    measured = arch == MEASURED.arch and same_release and all(n in COLD_BUILD for n in names)
+    setup = measured_setup()
+    same_release = flashinfer in (None, setup.flashinfer)
+    measured = arch == setup.arch and same_release and all(n in COLD_MODULES for n in names)
     return BuildEstimate(low, high, arch, measured, flashinfer or "")
 
 
 def sources(modules: Iterable[str]) -> list[str]:
-    """Where each figure for these modules comes from (the runs and their records)."""
+    """Where each figure for these modules comes from (its finding and record)."""
     names = list(dict.fromkeys(modules))
-    together = TOGETHER.get(frozenset(names))
+    together = _together(names)
     if together is not None:
         return [together.source]
     return [f"{name}: {cold_cost(name).source}" for name in names]

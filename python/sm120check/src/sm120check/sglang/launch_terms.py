@@ -9,8 +9,8 @@ from enum import Enum
 from sm120check.safetext import terminal_text
 
 # SGLang resets max_running_requests to this for speculative decoding unless --max-running-requests is given
-# (sglang/srt/arg_groups/speculative_hook.py, 0.5.16; the H200's EAGLE-3 server ran so:
-# docs/validation/2026-12-02-h200-policy). Read by verify-launch's note and crossover's warning.
+# (sglang/srt/arg_groups/speculative_hook.py, 0.5.16; see finding sglang-speculative-running-cap). Read by
+# verify-launch's note and crossover's warning.
 SPECULATIVE_RUNNING_DEFAULT = 48
 RAISE_RUNNING_CAP = (
     "SGLang's default for speculative decoding when --max-running-requests is not given: set it (role variable "
