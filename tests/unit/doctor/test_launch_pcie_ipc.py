@@ -21,6 +21,7 @@ from types import ModuleType
 
 import pytest
 from test_launch_honours_p2p import ROOT, clean, nccl_pair_hangs, pcie_results, play_cases, translated
+from test_sglang_pcie_ipc import FAILED, ipc_run, judged
 
 from sm120check.comm.flashinfer_release import fusion_support
 from sm120check.doctor.checks import comm, pairs
@@ -99,6 +100,12 @@ CASES: dict[str, Case] = {
     "nccl-pair-hangs": (lambda: [nccl_pair_hangs(), *good()[1:]], SIZED),
     "nccl-pairs-not-run": (lambda: good()[1:], SIZED),
     "nvlink": (lambda: [good()[0], topology("topo_m_8xh100_nv18.txt"), *good()[2:]], SIZED),
+    "sglang-ipc-ok": (lambda: [*good(), judged(ipc_run(), ipc_run())], SIZED),
+    "sglang-ipc-off": (lambda: [*good(), judged(*[ipc_run(disabled=True, checks=[], log=[FAILED])] * 2)], SIZED),
+    "sglang-ipc-wrong": (
+        lambda: [*good(), judged(ipc_run(), ipc_run(checks=[{"tokens": 8, "taken": True, "exact": False}]))],
+        SIZED,
+    ),
     "ipc-run-failed": (
         lambda: [*good()[:2], fusion_with_pcie_ipc("CUDA error: peer access is not supported"), good()[3]],
         SIZED,
@@ -157,6 +164,11 @@ def test_a_safe_pcie_node_on_0_5_23_turns_it_on_with_a_decode_sized_workspace(
     )
 
 
+def test_sglangs_own_exact_communicator_keeps_it_on(rendered: dict[str, tuple[str, dict[str, str]]]) -> None:
+    out, env = rendered["sglang-ipc-ok"]
+    assert env[ENABLE] == "1" and env[MAX_NUMEL] == str(48 * 4 * 7168), said(out)
+
+
 def test_without_a_hidden_size_sglang_sizes_the_workspace_itself(
     rendered: dict[str, tuple[str, dict[str, str]]],
 ) -> None:
@@ -178,6 +190,8 @@ def test_without_a_hidden_size_sglang_sizes_the_workspace_itself(
         ("nccl-pairs-not-run", "nccl_pairs not run: P2P is not shown safe"),
         ("nvlink", "(topology: the GPU pairs are nvlink, not PCIe only)"),
         ("ipc-run-failed", "(the doctor's PcieIpcAllReduceWorkspace run failed: CUDA error: peer access is not"),
+        ("sglang-ipc-off", "(sglang_comm: SGLang's PcieIpcCommunicator off: WARNING: FlashInfer PCIe-IPC workspace"),
+        ("sglang-ipc-wrong", "(sglang_comm: SGLang's PcieIpcCommunicator wrong at 8 rows)"),
     ],
 )
 def test_it_stays_off_with_the_reason_where_a_verdict_does_not_allow_it(

@@ -134,6 +134,15 @@ GPU_MEMORY = "free GPU memory before the server starts (nvidia-smi shows who hol
 SEE_DETAILS = "see the details"  # SGLang turned fusion off for a reason the details quote
 SGLANG_FUSION_WRONG = "report to SGLang/FlashInfer with this output"  # fused allreduce differs from the reference
 SGLANG_SYMM_MEM_WRONG = "report to SGLang; serve without --enable-torch-symm-mem"  # symmetric memory all_reduce wrong
+# SGLang's PcieIpcCommunicator (0.5.22+) summed wrong, or did not build: the launch role must leave it off
+SGLANG_PCIE_IPC_WRONG = (
+    "leave sglang_server_pcie_ipc_allreduce at auto or off (the role keeps PCIe-IPC off on this verdict); report to "
+    "SGLang/FlashInfer with this output"
+)
+SGLANG_PCIE_IPC_OFF = (
+    "PCIe-IPC all-reduce stays off on this node (role sglang_server decides it from this verdict); the line from "
+    "SGLang above says why: a FlashInfer without pcie_ipc_comm needs the stack's FlashInfer pin (full profile)"
+)
 
 
 # node health (checks/health.py, health/verdicts.py): hardware, so no role fixes it; the step a person takes.

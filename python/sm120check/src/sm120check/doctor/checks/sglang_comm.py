@@ -24,15 +24,16 @@ from sm120check.doctor.checks.comm import (
 from sm120check.doctor.child import run_probe
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.payloads import PayloadError
-from sm120check.doctor.payloads.sglang_comm import SglangCommAnswer, SglangRank
+from sm120check.doctor.payloads.sglang_comm import PcieIpcRun, SglangCommAnswer, SglangRank
 
 CHECK_ID = "sglang_comm"
 FAMILY = "sglang_sm120"
 
 
 class SglangComm:
-    """SGLang's own workspace preflight, TorchSymmMemCommunicator and fused allreduce + residual + RMSNorm on the
-    selected GPUs: whether a server started now runs fused and with symmetric memory, and SGLang's reason if not."""
+    """SGLang's own workspace preflight, TorchSymmMemCommunicator, PcieIpcCommunicator (0.5.22+) and fused allreduce +
+    residual + RMSNorm on the selected GPUs: whether a server started now runs fused and with symmetric memory, and
+    SGLang's reason if not; whether its opt-in PCIe-IPC all-reduce sums exactly and how fast against NCCL."""
 
     id: ClassVar[str] = CHECK_ID
     family: ClassVar[str] = FAMILY
@@ -163,12 +164,80 @@ def judge_sglang_comm(answer: SglangCommAnswer) -> Result:
         f"{c.name} {'on' if c.on else 'OFF'} ({c.evidence})" for c in choices
     )
     details = "\n".join([*logs, f"sizes the communicator left to NCCL: {skipped}" if skipped else ""]).strip()
-    off = [c for c in choices if not c.on]
+    ipc = judge_pcie_ipc([r.pcie_ipc for r in ranks if r.pcie_ipc is not None])
+    if ipc is not None:
+        data_out["pcie_ipc"] = ipc.data
+        summary += f"; PCIe-IPC all-reduce (opt-in) {ipc.text}"
+    off = [c for c in choices if not c.on] + ([ipc.choice] if ipc is not None and ipc.state == "wrong" else [])
     if off:
         return _fail(summary, remedies.all_of(*(c.remedy for c in off)), details=details, data=data_out)
     if len(ranks) < 2:
         details = "one GPU: SGLang's communicator and fused allreduce need two (tensor parallelism)"
+    if ipc is not None and ipc.state == "off":
+        return _result(Status.WARN, summary, remedy=remedies.SGLANG_PCIE_IPC_OFF, details=details, data=data_out)
     return _result(Status.PASS, summary, details=details, data=data_out)
+
+
+@dataclasses.dataclass(frozen=True)
+class PcieIpcVerdict:
+    """What the ranks' PcieIpcCommunicator runs say. `state`: ok (built, took the decode sizes, exact), off (not built
+    or took nothing: a server with it on stays on NCCL), wrong (a sum differs: never turn it on), absent (the release
+    has none). `data` is what the launch role reads (roles/sglang_server/tasks/verdicts.yml)."""
+
+    state: str
+    text: str
+    choice: Choice
+    data: dict[str, object]
+
+
+def judge_pcie_ipc(runs: Sequence[PcieIpcRun]) -> PcieIpcVerdict | None:
+    """The ranks' runs -> one verdict (pure); None when no rank ran it (one GPU, or a probe before it existed)."""
+    if not runs:
+        return None
+    name = "PCIe-IPC all-reduce"
+    if not all(r.present for r in runs):
+        reason = next((r.reason for r in runs if r.reason), "") or "no pcie_ipc_ar module"
+        choice = Choice(name, False, f"not in this SGLang release ({reason})", remedies.SGLANG_PCIE_IPC_OFF)
+        return PcieIpcVerdict("absent", "absent (SGLang 0.5.22+ has it)", choice, {"state": "absent"})
+    logs = [line for r in runs for line in r.log]
+    rows = max((r.rows or 0) for r in runs)
+    max_numel = min((r.max_numel or 0) for r in runs)
+    base: dict[str, object] = {"rows": rows, "max_numel": max_numel}
+    if any(r.disabled for r in runs):
+        line = _first(logs, "failed", "no pcie_ipc_comm", "PCIe-IPC") or "PcieIpcCommunicator disabled itself"
+        choice = Choice(name, False, f"SGLang: {line}", remedies.SGLANG_PCIE_IPC_OFF)
+        return PcieIpcVerdict("off", f"OFF ({choice.evidence})", choice, base | {"state": "off", "reason": line})
+    checks = [c for r in runs for c in r.checks]
+    wrong = sorted({c.tokens for c in checks if c.taken and not c.exact})
+    if wrong:
+        evidence = f"all-reduce differs from the exact sum at {'/'.join(map(str, wrong))} rows"
+        choice = Choice(name, False, evidence, remedies.SGLANG_PCIE_IPC_WRONG)
+        return PcieIpcVerdict("wrong", f"WRONG ({evidence})", choice, base | {"state": "wrong", "wrong_rows": wrong})
+    taken = sorted({c.tokens for c in checks if c.taken})
+    left = sorted({c.tokens for c in checks if not c.taken} - set(taken))
+    if not taken:
+        evidence = "the communicator took no reduction (all left to NCCL)"
+        choice = Choice(name, False, evidence, remedies.SGLANG_PCIE_IPC_OFF)
+        return PcieIpcVerdict("off", f"OFF ({evidence})", choice, base | {"state": "off", "reason": evidence})
+    ipc_us = _slowest(checks, "pcie_ipc_us")
+    nccl_us = _slowest(checks, "nccl_us")
+    widest = max(taken)
+    speed = (
+        f"; {ipc_us[widest]:g} us against NCCL's {nccl_us[widest]:g} us at {widest} rows" if widest in ipc_us else ""
+    )
+    evidence = f"exact at {'/'.join(map(str, taken))} rows{speed}"
+    data = base | {"state": "ok", "rows_taken": taken, "rows_left": left, "pcie_ipc_us": ipc_us, "nccl_us": nccl_us}
+    return PcieIpcVerdict("ok", f"works ({evidence})", Choice(name, True, evidence), data)
+
+
+def _slowest(checks: Sequence[Any], key: str) -> dict[int, float]:
+    """Per row count, the slowest rank's median: a collective is as fast as its slowest rank."""
+    out: dict[int, float] = {}
+    for c in checks:
+        value = getattr(c, key)
+        if c.taken and value is not None:
+            out[c.tokens] = max(out.get(c.tokens, 0.0), float(value))
+    return out
 
 
 def _lines(rank: SglangRank) -> list[str]:
@@ -176,6 +245,7 @@ def _lines(rank: SglangRank) -> list[str]:
     sections = (
         rank.preflight.log if rank.preflight is not None else (),
         rank.symm_mem.log if rank.symm_mem is not None else (),
+        rank.pcie_ipc.log if rank.pcie_ipc is not None else (),
         (rank.fusion.log or ()) if rank.fusion is not None else (),
     )
     return [line for section in sections for line in section]

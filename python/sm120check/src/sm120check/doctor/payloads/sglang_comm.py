@@ -1,5 +1,6 @@
 """The answer of probes/sglang_comm.py: the launch of SGLang's own communication code on the ranks, and per rank its
-workspace preflight, TorchSymmMemCommunicator and fused allreduce + residual + RMSNorm, as SGLang ran them."""
+workspace preflight, TorchSymmMemCommunicator, PcieIpcCommunicator and fused allreduce + residual + RMSNorm, as SGLang
+ran them."""
 
 from __future__ import annotations
 
@@ -77,6 +78,66 @@ class SymmMemRun:
 
 
 @dataclass(frozen=True)
+class PcieIpcCheck:
+    """One row count through SGLang's PcieIpcCommunicator: taken (False: SGLang leaves it to NCCL), exact sum, and
+    the median latency of its all-reduce and of NCCL's on the same tensor (only when exact)."""
+
+    tokens: int
+    taken: bool
+    exact: bool | None = None
+    pcie_ipc_us: float | None = None
+    nccl_us: float | None = None
+
+    def to_json(self) -> dict[str, object]:
+        values = {"tokens": self.tokens, "taken": self.taken, "exact": self.exact}
+        return _drop_none(values | {"pcie_ipc_us": self.pcie_ipc_us, "nccl_us": self.nccl_us})
+
+    @classmethod
+    def from_json(cls, f: Fields) -> PcieIpcCheck:
+        return cls(
+            f.integer("tokens"),
+            f.flag("taken"),
+            f.maybe_flag("exact"),
+            f.maybe_number("pcie_ipc_us"),
+            f.maybe_number("nccl_us"),
+        )
+
+
+@dataclass(frozen=True)
+class PcieIpcRun:
+    """SGLang's PcieIpcCommunicator (0.5.22+; present False before, with the import's reason): disabled or not after
+    `prepare` (its log says why), the workspace's max_numel for `rows` decode rows, and each row count's check."""
+
+    present: bool
+    reason: str | None = None
+    disabled: bool | None = None
+    rows: int | None = None
+    max_numel: int | None = None
+    checks: tuple[PcieIpcCheck, ...] = ()
+    log: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        if not self.present:
+            return _drop_none({"present": False, "reason": self.reason})
+        head = {"present": True, "disabled": self.disabled, "rows": self.rows, "max_numel": self.max_numel}
+        return _drop_none(head) | {"checks": [c.to_json() for c in self.checks], "log": list(self.log)}
+
+    @classmethod
+    def from_json(cls, f: Fields) -> PcieIpcRun:
+        if not f.flag("present"):
+            return cls(False, f.maybe_text("reason"))
+        return cls(
+            True,
+            None,
+            f.flag("disabled"),
+            f.maybe_integer("rows"),
+            f.maybe_integer("max_numel"),
+            tuple(PcieIpcCheck.from_json(c) for c in f.objects("checks")),
+            f.texts("log") if f.has("log") else (),
+        )
+
+
+@dataclass(frozen=True)
 class FusionRun:
     ran: bool
     reason: str | None = None  # why it did not run
@@ -117,11 +178,13 @@ class SglangRank:
     fusion: FusionRun | None = None  # two ranks or more, when the preflight passed
     error: str | None = None
     traceback: str | None = None
+    pcie_ipc: PcieIpcRun | None = None  # two ranks or more
 
     def to_json(self) -> dict[str, object]:
         parts: dict[str, object] = {
             "preflight": None if self.preflight is None else self.preflight.to_json(),
             "symm_mem": None if self.symm_mem is None else self.symm_mem.to_json(),
+            "pcie_ipc": None if self.pcie_ipc is None else self.pcie_ipc.to_json(),
             "fusion": None if self.fusion is None else self.fusion.to_json(),
         }
         head: dict[str, object] = {
@@ -148,6 +211,7 @@ class SglangRank:
             FusionRun.from_json(f.object("fusion")) if f.has("fusion") else None,
             f.maybe_text("error"),
             f.maybe_text("traceback"),
+            PcieIpcRun.from_json(f.object("pcie_ipc")) if f.has("pcie_ipc") else None,
         )
 
 

@@ -7,7 +7,9 @@ the stack venv's interpreter (its SGLang, patched or not, is what the server imp
    CPU group), with SGLang's log captured: False means the server skips allreduce fusion, and says why;
 2. `TorchSymmMemCommunicator` (two GPUs or more): disabled or not, SGLang's log line when disabled, and its
    all_reduce against NCCL at verify sizes (1-8 tokens x hidden) and at 512 KiB and more;
-3. fusion (two GPUs or more, preflight passed): SGLang's `FlashInferWorkspaceManager` creates the workspace and
+3. `PcieIpcCommunicator` (0.5.22+, two GPUs or more; probes/sglang_pcie_ipc.py): its workspace for the decode width
+   (`--pcie-ipc-rows`, max_bs x draft tokens), exact sums at decode sizes and its latency against NCCL;
+4. fusion (two GPUs or more, preflight passed): SGLang's `FlashInferWorkspaceManager` creates the workspace and
    `flashinfer_allreduce_residual_rmsnorm` runs one fused allreduce + residual + RMSNorm against the unfused torch
    reference. That function reads the server's published parallel state; a bare process group has none, so the
    probe answers those three reads (`get_parallel`, `get_resources`, `get_exec`) as a `--tp-size N` server would
@@ -30,6 +32,7 @@ from sm120check.doctor.child import emit
 from sm120check.doctor.payloads import Fields
 from sm120check.doctor.payloads.sglang_comm import PROBE, SglangCommAnswer, SglangRank
 from sm120check.doctor.probes import collective as co
+from sm120check.doctor.probes import sglang_pcie_ipc
 from sm120check.doctor.probes.ranks import RankContext, launch
 
 FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
@@ -206,6 +209,7 @@ def rank_main(ctx: RankContext) -> Mapping[str, Any]:
         data["preflight"] = _preflight(mod, ctx, cpu_group)
         if ctx.world_size >= 2:
             data["symm_mem"] = _symm(ctx, device)
+            data["pcie_ipc"] = sglang_pcie_ipc.run(ctx, device, cpu_group, captured)
             if data["preflight"].get("ok", True):
                 data["fusion"] = _fusion(mod, ctx, device, cpu_group)
         dist.barrier()
@@ -215,12 +219,21 @@ def rank_main(ctx: RankContext) -> Mapping[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sm120check.doctor.probes.sglang_comm", description=__doc__)
     co.common_args(parser)
+    parser.add_argument(
+        "--pcie-ipc-rows",
+        type=int,
+        default=sglang_pcie_ipc.DEFAULT_ROWS,
+        help="rows of the widest decode reduction (max_bs x draft tokens) the PCIe-IPC workspace is sized for",
+    )
     ns = parser.parse_args(argv)
+    if ns.pcie_ipc_rows < 1:
+        raise SystemExit(f"--pcie-ipc-rows {ns.pcie_ipc_rows}: expected a row count of 1 or more")
     gpus = [int(g) for g in ns.gpus.split(",") if g.strip()]
     args = {
         "gpus": gpus,
         "hidden": ns.hidden,
         "tokens": [int(t) for t in ns.tokens.split(",") if t.strip()],
+        "pcie_ipc_rows": ns.pcie_ipc_rows,
         "op_timeout": max(10.0, ns.timeout - 5),
     }
     os.environ.update(SGLANG_ENV)  # the ranks inherit it
