@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from sm120check.stack.pep440 import canonical_name
+from sm120check.stack.dist import canonical_name
 
 NCCL_WHEEL = "nvidia-nccl-cu13"
 CUDA_TOOLKIT_WHEEL = "cuda-toolkit"
