@@ -781,17 +781,23 @@ def _open_meta(stats: OpenLoopStats, plan: RatePlan) -> dict[str, Any]:
     }
 
 
-async def _sweep(config: SweepConfig, summaries: list[LevelSummary]) -> None:
-    """Run every level, appending each finished level to `summaries` (and to --out) as soon as it is measured."""
-    api = config.api
+@dataclass(frozen=True)
+class _Discovered:
+    """The server as the sweep found it before any load, and what every level shares."""
+
+    server: _Server
+    facts: ServerFacts
+    first_info: dict[str, object]  # its SGLang server info at discovery
+    model: str  # the model name requests carry ("" for SGLang's /generate without --model)
+    cache_prompt: bool | None  # llama.cpp's cache_prompt (False: off); None: not sent
+    family: SpecFamily | None  # the engine's /metrics names, when it has /metrics
+    meta: dict[str, Any]  # what every record's meta starts with
+
+
+async def _discover(config: SweepConfig) -> _Discovered:
+    """Ask the server what it is (ApiMismatch when it does not speak --api) and settle the model and prompt options."""
+    api, endpoint, info_timeout = config.api, config.endpoint, config.info_timeout
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    info_timeout = config.info_timeout
-
-    def say(line: str) -> None:  # warnings carry the server's text: made inert for the terminal
-        if not config.quiet:
-            print(terminal_text(line, one_line=True), file=sys.stderr, flush=True)
-
-    endpoint = config.endpoint
     first_info = await fetch_server_info(endpoint, headers, info_timeout)
     facts = await discover(endpoint, headers, info_timeout, first_info)
     if config.log_backend is not None:
@@ -800,7 +806,6 @@ async def _sweep(config: SweepConfig, summaries: list[LevelSummary]) -> None:
     model = config.model
     if api is not Api.SGLANG and not model:
         model = facts.first_model_id or await fetch_model_name(endpoint, headers, info_timeout)
-    run_id = uuid.uuid4().hex[:12]
     reuse = config.reuse_prompts
     # llama.cpp's cache_prompt; SGLang's /generate and vLLM reject keys they do not know
     cache_prompt = False if facts.engine == "llama.cpp" and api is not Api.SGLANG and not reuse else None
@@ -814,9 +819,92 @@ async def _sweep(config: SweepConfig, summaries: list[LevelSummary]) -> None:
         "pause_s": config.pause,
     }
     family = family_for(facts.engine) if facts.has_metrics else None
+    server = _Server(endpoint, api, headers, info_timeout, facts.engine)
+    return _Discovered(server, facts, first_info, model, cache_prompt, family, meta)
+
+
+@dataclass(frozen=True)
+class _After:
+    """What the server said once a level ended."""
+
+    summary: LevelSummary
+    facts: ServerFacts
+    info: dict[str, object]  # its SGLang server info ({} without)
+    identity: ServerIdentity | None
+    meta: dict[str, Any]  # the /metrics counters' accept length, when they gave it
+    stalled: HttpError | None  # it stalled or went away: the sweep stops after this level
+
+
+async def _after_level(
+    server: _Server, facts: ServerFacts, family: SpecFamily | None, begun: _Start, measured: _Measured, slo: Slo | None
+) -> _After:
+    """Goodput, then the server's counters, info and identity after the level (nothing asked of a stalled server)."""
+    summary, stalled = measured.summary, measured.stalled
+    if slo is not None:
+        summary = replace(summary, goodput=compute_goodput(slo, measured.records, measured.t0, measured.t1))
+    meta: dict[str, Any] = {}
+    info: dict[str, object] = {}
+    identity: ServerIdentity | None = None
+    if stalled is not None:  # the server stalled or went away as the level ended: ask it nothing more
+        summary = replace(summary, warnings=(*summary.warnings, f"/metrics after the level: {stalled}"))
+    else:
+        endpoint, headers, timeout = server.endpoint, server.headers, server.info_timeout
+        try:
+            if family is not None and begun.scrape is not None:
+                after = await _settled_scrape(endpoint, headers, timeout, family)
+                if after is not None:
+                    facts = facts.with_scrape(after)
+                    summary, meta = _metrics_accept(summary, family, begun.scrape, after)
+            info = await fetch_server_info(endpoint, headers, timeout) if facts.sglang_info else {}
+            identity = await _identity(endpoint, headers, facts, timeout, info if facts.sglang_info else None)
+        except HttpError as exc:  # the level is measured: keep it, then stop
+            stalled = exc
+            summary = replace(summary, warnings=(*summary.warnings, f"server info after the level: {exc}"))
+    if stalled is not None:
+        summary = replace(summary, flags=(*summary.flags, SERVER_LOST_FLAG))
+    return _After(summary, facts, info, identity, meta, stalled)
+
+
+def _level_meta(
+    shared: dict[str, Any],
+    facts: ServerFacts,
+    begun: _Start,
+    measured: _Measured,
+    after: _After,
+    identity: LevelIdentity,
+    server_accept: float | None,
+    switch_after: dict[str, object] | None,
+) -> dict[str, Any]:
+    """A level record's meta: the sweep's, the server's, the level's times, then each source's own fields."""
+    started, ended = begun.at, measured.ended
+    return dict(
+        shared,
+        server=facts.to_record(),
+        started_at=started.isoformat(timespec="seconds"),
+        level_started_at=started.isoformat(timespec="milliseconds"),
+        level_ended_at=ended.isoformat(timespec="milliseconds"),
+        level_started_epoch=round(started.timestamp(), 3),
+        level_ended_epoch=round(ended.timestamp(), 3),
+        server_accept_length_cumulative=server_accept,
+        **switch_meta(begun.switch, switch_after),
+        **{META: identity.to_json()},
+        **measured.meta,
+        **after.meta,
+    )
+
+
+async def _sweep(config: SweepConfig, summaries: list[LevelSummary]) -> None:
+    """Run every level, appending each finished level to `summaries` (and to --out) as soon as it is measured."""
+
+    def say(line: str) -> None:  # warnings carry the server's text: made inert for the terminal
+        if not config.quiet:
+            print(terminal_text(line, one_line=True), file=sys.stderr, flush=True)
+
+    found = await _discover(config)
+    server, facts, family = found.server, found.facts, found.family
+    run_id = uuid.uuid4().hex[:12]
     pool = config.prompts or synthetic_prompts(max(4 * max(config.levels), 64), config.input_len, config.seed)
     mode: _ClosedLoop | _OpenLoop = _OpenLoop(config, config.rates) if config.rates else _ClosedLoop(config)
-    server = _Server(endpoint, api, headers, info_timeout, facts.engine)
     levels = mode.levels()
     weights = [mode.weight(level) for level in levels]
     loop = asyncio.get_running_loop()
@@ -828,72 +916,39 @@ async def _sweep(config: SweepConfig, summaries: list[LevelSummary]) -> None:
 
         def make_spec(i: int, c: int = level.prompt_key) -> RequestSpec:
             body = pool[i % len(pool)]
-            prompt = body if reuse else unique_prompt(body, run_id, c, i)
-            return RequestSpec(prompt, config.output_len, config.temperature, config.ignore_eos, model, cache_prompt)
+            prompt = body if config.reuse_prompts else unique_prompt(body, run_id, c, i)
+            return RequestSpec(
+                prompt, config.output_len, config.temperature, config.ignore_eos, found.model, found.cache_prompt
+            )
 
         async def start(number: int = number, facts: ServerFacts = facts) -> _Start:
             # the first level's start is what the server said just before it (discovery); later ones are read again
-            identity = await _identity(endpoint, headers, facts, info_timeout, None if number else first_info)
+            info = None if number else found.first_info
+            identity = await _identity(server.endpoint, server.headers, facts, server.info_timeout, info)
             switch = switch_counts(config.server_log)
-            scrape = await scrape_metrics(endpoint, headers, info_timeout) if family else None
+            scrape = await scrape_metrics(server.endpoint, server.headers, server.info_timeout) if family else None
             return _Start(identity, switch, scrape, datetime.datetime.now(datetime.timezone.utc))
 
         of = f"level {number + 1} of {len(levels)}, "
         begun, measured = await mode.measure(level, of, server, make_spec, say, start)
-        summary = measured.summary
-        if config.slo is not None:
-            summary = replace(summary, goodput=compute_goodput(config.slo, measured.records, measured.t0, measured.t1))
-        stalled = measured.stalled
-        level_meta: dict[str, Any] = {}
-        info: dict[str, object] = {}
-        end_identity: ServerIdentity | None = None
-        if stalled is not None:  # the server stalled or went away as the level ended: ask it nothing more
-            summary = replace(summary, warnings=(*summary.warnings, f"/metrics after the level: {stalled}"))
-        else:
-            try:
-                if family is not None and begun.scrape is not None:
-                    after = await _settled_scrape(endpoint, headers, info_timeout, family)
-                    if after is not None:
-                        facts = facts.with_scrape(after)
-                        summary, level_meta = _metrics_accept(summary, family, begun.scrape, after)
-                info = await fetch_server_info(endpoint, headers, info_timeout) if facts.sglang_info else {}
-                end_identity = await _identity(
-                    endpoint, headers, facts, info_timeout, info if facts.sglang_info else None
-                )
-            except HttpError as exc:  # the level is measured: keep it, then stop
-                stalled = exc
-                summary = replace(summary, warnings=(*summary.warnings, f"server info after the level: {exc}"))
-        if stalled is not None:
-            summary = replace(summary, flags=(*summary.flags, SERVER_LOST_FLAG))
-        identity = LevelIdentity(begun.identity, end_identity)
-        summary = _identity_flags(summary, identity, last_identity, first_identity)
-        first_identity = first_identity or begun.identity or end_identity
-        last_identity = end_identity or begun.identity
-        server_accept, accept_problem = cumulative_accept(info)
+        after = await _after_level(server, facts, family, begun, measured, config.slo)
+        facts = after.facts
+        identity = LevelIdentity(begun.identity, after.identity)
+        summary = _identity_flags(after.summary, identity, last_identity, first_identity)
+        first_identity = first_identity or begun.identity or after.identity
+        last_identity = after.identity or begun.identity
+        server_accept, accept_problem = cumulative_accept(after.info)
         if accept_problem:
             summary = replace(
                 summary,
                 warnings=(*summary.warnings, f"{accept_problem}; not used"),
                 flags=(*summary.flags, "untrusted_server_accept_length"),
             )
-        started, ended = begun.at, measured.ended
-        level_meta = dict(
-            meta,
-            server=facts.to_record(),
-            started_at=started.isoformat(timespec="seconds"),
-            level_started_at=started.isoformat(timespec="milliseconds"),
-            level_ended_at=ended.isoformat(timespec="milliseconds"),
-            level_started_epoch=round(started.timestamp(), 3),
-            level_ended_epoch=round(ended.timestamp(), 3),
-            server_accept_length_cumulative=server_accept,
-            **switch_meta(begun.switch, switch_counts(config.server_log)),
-            **{META: identity.to_json()},
-            **measured.meta,
-            **level_meta,
-        )
+        switch_after = switch_counts(config.server_log)
+        meta = _level_meta(found.meta, facts, begun, measured, after, identity, server_accept, switch_after)
         if problem := draft_problem(summary.concurrency, facts.speculative, summary.accept_length):
             summary = replace(summary, warnings=(*summary.warnings, problem), flags=(*summary.flags, DRAFT_FLAG))
-        summary = replace(summary, label=config.label, run_id=run_id, meta=level_meta)
+        summary = replace(summary, label=config.label, run_id=run_id, meta=meta)
         summaries.append(summary)
         try:
             append_jsonl(config.out, [summary])
@@ -907,8 +962,8 @@ async def _sweep(config: SweepConfig, summaries: list[LevelSummary]) -> None:
         if number < len(levels) - 1 and weights_done > 0:
             left = (loop.time() - sweep_start) / weights_done * sum(weights[number + 1 :])
             say(f"  {len(levels) - number - 1} level(s) left, {eta_text(left)} (a guess from the levels so far)")
-        if stalled is not None:
-            raise SweepError(f"stopped after {name}: {stalled}")
+        if after.stalled is not None:
+            raise SweepError(f"stopped after {name}: {after.stalled}")
         if config.pause > 0 and number < len(levels) - 1:
             await asyncio.sleep(config.pause)
 
