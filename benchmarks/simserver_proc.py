@@ -1,4 +1,4 @@
-"""Start the simulated SGLang server (sm120check.bench.simserver) for a benchmark: a process and its URL."""
+"""Start the simulated SGLang server (`sm120check mock-server`) for a benchmark: a process and its URL."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 
 def start_sim(*options: str) -> tuple[subprocess.Popen[str], str]:
-    """`python -m sm120check.bench.simserver --mode plain --port 0 OPTIONS`; the URL is the first line it prints."""
-    cmd = [sys.executable, "-m", "sm120check.bench.simserver", "--mode", "plain", "--port", "0", *options]
+    """`sm120check mock-server --mode plain --port 0 OPTIONS`; the URL is the first line it prints."""
+    cmd = [sys.executable, "-m", "sm120check", "mock-server", "--mode", "plain", "--port", "0", *options]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     match = re.search(r"http://127\.0\.0\.1:\d+", proc.stdout.readline())

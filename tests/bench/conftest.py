@@ -30,7 +30,7 @@ class Sim:
 
 
 def start_sim(mode: str, *extra: str) -> Sim:
-    cmd = [sys.executable, "-m", "sm120check.bench.simserver", "--mode", mode, "--port", "0", "--max-seconds", "600"]
+    cmd = [sys.executable, "-m", "sm120check", "mock-server", "--mode", mode, "--port", "0", "--max-seconds", "600"]
     proc = subprocess.Popen([*cmd, *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()

@@ -24,9 +24,10 @@ from typing import Any
 
 import pytest
 
+from lab import decode_log
 from lab.sglang_gpu import LAUNCH, MARKS, OUT, Patched, Server, patch_tree, save, sm120check, start, write_models
 from sm120check.bench import tiers
-from sm120check.sglang import decode_log, plain_decode
+from sm120check.sglang import plain_decode
 
 pytestmark = MARKS
 LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)

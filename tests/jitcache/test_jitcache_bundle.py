@@ -62,7 +62,7 @@ def test_file_times_come_back_to_the_nanosecond(packed: tuple[Path, Path]) -> No
 
 def test_manifest_lists_ninja_state_with_checksums(packed: tuple[Path, Path]) -> None:
     _, out = packed
-    manifest = bundle.read_manifest(out)
+    manifest = bundle.verify(out)
     names = {Path(f.path).name for f in manifest.files}
     assert {"demo.so", "demo.cuda.o", "build.ninja", ".ninja_log", ".ninja_deps"} <= names
     assert all(len(f.sha256) == 64 for f in manifest.files)
@@ -128,7 +128,7 @@ def test_bundle_that_is_not_one_is_named(tmp_path: Path) -> None:
     with tarfile.open(fake, "w:gz") as tar:
         tar.addfile(tarfile.TarInfo("README"), io.BytesIO(b""))
     with pytest.raises(bundle.BundleError, match="not an sm120kit JIT bundle"):
-        bundle.read_manifest(fake)
+        bundle.verify(fake)
 
 
 def test_libraries_only_bundle_installs_as_prebuilt_modules(tmp_path: Path) -> None:

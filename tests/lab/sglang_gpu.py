@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
-from lab import server_pids
+from lab import decode_log, server_pids
 from sm120check.bench import metrics
 from sm120check.bench.server_rate import MIN_LIFETIMES, outside
-from sm120check.sglang import decode_log, port_owner, startup_log
+from sm120check.sglang import port_owner, startup_log
 
 # The marks of every SGLang server test module in tests/gpu: a GPU and a carried SGLang, or a skip saying which
 MARKS = [

@@ -1,4 +1,4 @@
-"""The server's own decode lines (sglang/decode_log.py) read from a real SGLang 0.5.16 log (the base server on the
+"""The server's own decode lines (tests/lab/decode_log.py) read from a real SGLang 0.5.16 log (the base server on the
 H200, tests/sglang/fixtures/server-0.5.16/smoke-base.log) and from lines in the format of metrics_reporter.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120check.sglang import decode_log
+from lab import decode_log
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "server-0.5.16"
 SPEC_LINE = (

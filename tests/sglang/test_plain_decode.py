@@ -6,6 +6,7 @@ present in the release they are added to (the GPU run, tests/gpu/test_sglang_swi
 from __future__ import annotations
 
 import ast
+import difflib
 import json
 import shutil
 from pathlib import Path
@@ -143,6 +144,19 @@ def test_counts_read_the_last_record_of_a_log() -> None:
     assert plain_decode.counts([hostile]) is None
 
 
+def upstream_diff(original: str, version: str) -> str:
+    """The switch alone as a unified diff against the release's worker (a/ and b/ rooted at the sglang package's
+    parent, `git apply` and `patch -p1` take it from site-packages or a checkout's python/ folder): what
+    docs/patches/sglang-VERSION-plain-decode.patch holds."""
+    patched = plain_decode.add_switch(original, version)
+    name = f"sglang/{plain_decode.PATH}"
+    return "".join(
+        difflib.unified_diff(
+            original.splitlines(keepends=True), patched.splitlines(keepends=True), f"a/{name}", f"b/{name}"
+        )
+    )
+
+
 @pytest.mark.parametrize("version", SUPPORTED)
 def test_the_upstream_patch_file_is_the_switch_and_git_applies_it(tmp_path: Path, version: str) -> None:
     """docs/patches/sglang-VERSION-plain-decode.patch: what the patcher adds, accepted by `git apply` on the release."""
@@ -150,7 +164,7 @@ def test_the_upstream_patch_file_is_the_switch_and_git_applies_it(tmp_path: Path
 
     committed = Path(__file__).resolve().parents[2] / "docs" / "patches" / f"sglang-{version}-plain-decode.patch"
     original = _worker(release_dir(version) / "sglang")
-    assert committed.read_text(encoding="utf-8") == plain_decode.upstream_diff(original, version)
+    assert committed.read_text(encoding="utf-8") == upstream_diff(original, version)
     tree = _copy(tmp_path, version)
     subprocess.run(["git", "init", "-q"], cwd=tree.parent, check=True, timeout=60)
     run = subprocess.run(

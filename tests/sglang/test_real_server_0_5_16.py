@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from lab import decode_log
 from lab.loopback import QuietHandler, serve, url
 from sm120check import cli
-from sm120check.sglang import decode_log
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "sglang" / "fixtures" / "server-0.5.16"

@@ -32,6 +32,16 @@ def test_the_doctor_loads_no_other_subcommand() -> None:
     assert [m for m in modules if m.startswith(OTHERS)] == []
 
 
+def test_the_doctor_runs_without_packaging() -> None:
+    """Nodes install the checker with --no-deps: only `sm120check stack` (control node) reads with `packaging`."""
+    code = (
+        "import sys\nimport sm120check.doctor.cli\nfrom sm120check.cli import build_parser\n"
+        "build_parser(['doctor', '--level', '2'])\nprint(sorted(m for m in sys.modules if m.startswith('packaging')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
+
+
 def test_without_a_subcommand_every_one_is_listed() -> None:
     modules = loaded_after(["--help"])
     assert {"sm120check.bench.cli", "sm120check.sglang.cli", "sm120check.fleet.cli", "sm120check.jitcache.cli"} <= set(

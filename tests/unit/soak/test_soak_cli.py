@@ -1,4 +1,4 @@
-"""`sm120check soak` end to end on the CPU: the bench's stand-in server (bench/simserver.py) as the load, the NVML
+"""`sm120check soak` end to end on the CPU: the bench's stand-in server (`sm120check mock-server`) as the load, the NVML
 sampler child replaced by a named stand-in (tests/unit/soak/nvml_standin.py) because no GPU exists here."""
 
 from __future__ import annotations

@@ -55,6 +55,12 @@ def _crossover(subparsers: Subparsers) -> None:
     crossover_cli.register(subparsers)
 
 
+def _mock_server(subparsers: Subparsers) -> None:
+    from sm120check.bench import simserver
+
+    simserver.register(subparsers)
+
+
 def _jit(subparsers: Subparsers) -> None:
     from sm120check.jitcache import cli
 
@@ -80,6 +86,7 @@ REGISTER: dict[str, Callable[[Subparsers], None]] = {
     "fleet": _fleet,
     "bench": _bench,
     "crossover": _crossover,
+    "mock-server": _mock_server,
     "jit": _jit,
     "stack": _stack,
     "soak": _soak,

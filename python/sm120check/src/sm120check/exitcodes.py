@@ -31,6 +31,7 @@ FOUND_MEANS = {
     "sglang verify-launch": "the launch is degraded (with --strict: or a verdict is unknown)",
     "bench": "a request failed, a level had no numbers, or the server stalled after a level",
     "crossover": "not used (no crossover in range is a result: 0)",
+    "mock-server": "not used (it serves until --max-seconds or SIGTERM: 0)",
     "fleet": "the fleet is not ready",
     "stack": "the resolve or the plan found a conflict",
     "jit": "a bundle entry is refused or a module is not cached",

@@ -10,15 +10,15 @@ import os
 import socket
 import sys
 import uuid
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from sm120check import __version__, argtypes, bounded
 from sm120check.bench.apis import Api, RequestSpec
 from sm120check.bench.arrivals import Arrivals
-from sm120check.bench.closedloop import NO_NUMBERS, LevelPlan, run_level, summarize
+from sm120check.bench.closedloop import NO_NUMBERS, LevelPlan, RequestRecord, run_level, summarize
 from sm120check.bench.datasets import FORMATS, DatasetError, load_dataset, parse_categories
 from sm120check.bench.engines import (
     ServerFacts,
@@ -283,42 +283,139 @@ class ApiMismatch(Exception):
     """--api names a request shape the server does not speak (found before any load)."""
 
 
-def handle(args: argparse.Namespace) -> int:
-    concurrency = getattr(args, "concurrency", None)
-    rates: list[float] | None = getattr(args, "request_rate", None)
-    usage = ""
-    if rates is not None and concurrency is not None:
-        usage = "give --concurrency (closed loop) or --request-rate (open loop), not both"
-    elif getattr(args, "max_in_flight", None) is not None and rates is None:
-        usage = "--max-in-flight caps the open loop: give --request-rate too (the closed loop's cap is --concurrency)"
-    elif getattr(args, "dataset", None) is not None and args.prompt_file is not None:
-        usage = "give --prompt-file or --dataset, not both"
-    elif getattr(args, "category", None) and getattr(args, "dataset", None) is None:
-        usage = "--category selects rows of a --dataset file: give --dataset too"
-    elif getattr(args, "min_lifetimes", None) is not None and (args.duration is None or rates is not None):
-        usage = (
+def _usage_problem(args: argparse.Namespace) -> str:
+    """Options that contradict each other ("" when none do)."""
+    rates: list[float] | None = args.request_rate
+    if rates is not None and args.concurrency is not None:
+        return "give --concurrency (closed loop) or --request-rate (open loop), not both"
+    if args.max_in_flight is not None and rates is None:
+        return "--max-in-flight caps the open loop: give --request-rate too (the closed loop's cap is --concurrency)"
+    if args.dataset is not None and args.prompt_file is not None:
+        return "give --prompt-file or --dataset, not both"
+    if args.category and args.dataset is None:
+        return "--category selects rows of a --dataset file: give --dataset too"
+    if args.min_lifetimes is not None and (args.duration is None or rates is not None):
+        return (
             f"--min-lifetimes {args.min_lifetimes:g} extends a closed-loop --duration window: give --duration and "
             "--concurrency (not --request-rate)"
         )
-    if usage:
+    return ""
+
+
+# Namespace entries that are not options of the run, or that a record must not keep (the bearer token).
+_NOT_RECORDED = ("handler", "api_key", "command")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Every option of one `bench` run, read once from the command line (and what reading them needed: the prompts,
+    the server log's backend, the bearer token)."""
+
+    url: str
+    endpoint: Endpoint
+    api: Api
+    levels: tuple[int, ...]  # closed loop: the concurrency levels
+    rates: tuple[float, ...] | None  # open loop instead: the offered rates
+    burstiness: float
+    max_in_flight: int | None
+    slo: Slo | None
+    requests_per_level: int | None
+    duration: float | None
+    min_lifetimes: float | None
+    warmup: int
+    input_len: int
+    output_len: int
+    temperature: float
+    ignore_eos: bool
+    prompts: tuple[str, ...] | None  # None: synthetic prompts
+    prompt_source: str  # "synthetic", "file:NAME" or "dataset:NAME:FORMAT[:CATEGORIES]"
+    reuse_prompts: bool
+    pause: float
+    model: str  # "" when not given
+    api_key: str | None
+    label: str
+    out: Path
+    request_timeout: float
+    level_timeout: float
+    info_timeout: float
+    server_log: Path | None
+    log_backend: BackendEvidence | None
+    seed: int
+    json_lines: bool
+    quiet: bool
+    recorded_args: Mapping[str, object]  # the command line as every record keeps it (meta.args)
+
+    @classmethod
+    def from_args(
+        cls,
+        args: argparse.Namespace,
+        *,
+        endpoint: Endpoint,
+        prompts: list[str] | None,
+        warmup: int,
+        out: Path,
+        log_backend: BackendEvidence | None,
+        api_key: str | None,
+    ) -> SweepConfig:
+        source = f"file:{args.prompt_file.name}" if args.prompt_file else "synthetic"
+        if args.dataset is not None:
+            categories = f":{','.join(args.category)}" if args.category else ""
+            source = f"dataset:{args.dataset.name}:{args.dataset_format}{categories}"
+        recorded = {k: v for k, v in vars(args).items() if k not in _NOT_RECORDED}
+        recorded.update(warmup=warmup, out=out, url=redact_url(args.url))
+        return cls(
+            url=args.url,
+            endpoint=endpoint,
+            api=Api(args.api),
+            levels=tuple(args.concurrency or parse_levels(DEFAULT_LEVELS)),
+            rates=tuple(args.request_rate) if args.request_rate else None,
+            burstiness=args.burstiness,
+            max_in_flight=args.max_in_flight,
+            slo=args.slo,
+            requests_per_level=args.requests_per_level,
+            duration=args.duration,
+            min_lifetimes=args.min_lifetimes,
+            warmup=warmup,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            temperature=args.temperature,
+            ignore_eos=not args.no_ignore_eos,
+            prompts=tuple(prompts) if prompts else None,
+            prompt_source=source,
+            reuse_prompts=args.allow_prompt_reuse,
+            pause=args.pause,
+            model=args.model or "",
+            api_key=api_key,
+            label=args.label,
+            out=out,
+            request_timeout=args.request_timeout,
+            level_timeout=args.level_timeout,
+            info_timeout=args.info_timeout,
+            server_log=args.server_log,
+            log_backend=log_backend,
+            seed=args.seed,
+            json_lines=args.json,
+            quiet=args.quiet,
+            recorded_args=recorded,
+        )
+
+
+def handle(args: argparse.Namespace) -> int:
+    if usage := _usage_problem(args):
         print(f"sm120check bench: {usage}", file=sys.stderr)
         return Exit.USAGE
-    if isinstance(concurrency, str):
-        concurrency = parse_levels(concurrency)
-    levels: list[int] = concurrency or parse_levels(DEFAULT_LEVELS)
-    if args.warmup is None:
-        args.warmup = 1 if rates is None else 8
+    warmup: int = args.warmup if args.warmup is not None else 1 if args.request_rate is None else 8
     try:
         endpoint = Endpoint.parse(args.url)
         prompts = load_prompt_file(args.prompt_file) if args.prompt_file else None
-        if getattr(args, "dataset", None) is not None:
+        if args.dataset is not None:
             dataset = load_dataset(args.dataset, args.dataset_format, args.category or ())
             prompts = [p.text for p in dataset.sample(len(dataset.prompts), args.seed)]
     except ValueError as exc:  # DatasetError is a ValueError
         print(f"sm120check bench: {terminal_text(exc)}", file=sys.stderr)
         return Exit.USAGE
-    if args.warmup < 0:
-        print(f"sm120check bench: --warmup {args.warmup} must be 0 or more", file=sys.stderr)
+    if warmup < 0:
+        print(f"sm120check bench: --warmup {warmup} must be 0 or more", file=sys.stderr)
         return Exit.USAGE
     if has_credentials(args.url):
         print(
@@ -326,15 +423,15 @@ def handle(args: argparse.Namespace) -> int:
             f"(benchmarking {endpoint}); use --api-key or ${API_KEY_ENV} for a bearer token",
             file=sys.stderr,
         )
-    if args.out is None:  # the records are the result: keep them beside the run, under a name said on stderr
-        args.out = default_out()
-    if problem := _out_problem(args.out):
-        print(f"sm120check bench: --out {args.out}: {problem}; nothing was sent to the server", file=sys.stderr)
+    # the records are the result: without --out, keep them beside the run, under a name said on stderr
+    out: Path = args.out if args.out is not None else default_out()
+    if problem := _out_problem(out):
+        print(f"sm120check bench: --out {out}: {problem}; nothing was sent to the server", file=sys.stderr)
         return Exit.USAGE
-    server_log = getattr(args, "server_log", None)
-    if server_log is not None:
+    log_backend = None
+    if args.server_log is not None:
         try:
-            args.log_backend = read_log_backend(server_log)
+            log_backend = read_log_backend(args.server_log)
         except bounded.Unreadable as exc:
             print(
                 f"sm120check bench: --server-log {terminal_text(exc)}; give the SGLang server's log file; nothing was "
@@ -343,31 +440,48 @@ def handle(args: argparse.Namespace) -> int:
             )
             return Exit.USAGE
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    config = SweepConfig.from_args(
+        args, endpoint=endpoint, prompts=prompts, warmup=warmup, out=out, log_backend=log_backend, api_key=api_key
+    )
+    return _report(config, *_run_sweep(config))
+
+
+def _run_sweep(config: SweepConfig) -> tuple[list[LevelSummary], int, bool]:
+    """The sweep's level summaries, an exit status for a sweep that stopped early (OK when none) and whether every
+    finished level's record is in --out; the reason it stopped is said on stderr."""
     code, kept = Exit.OK, True
     summaries: list[LevelSummary] = []
     try:
-        asyncio.run(_sweep(args, endpoint, levels, prompts, api_key, summaries))
+        asyncio.run(_sweep(config, summaries))
     except HttpError as exc:
-        print(f"sm120check bench: {terminal_text(exc)}\n  is the server up? check {endpoint}/health", file=sys.stderr)
+        print(
+            f"sm120check bench: {terminal_text(exc)}\n  is the server up? check {config.endpoint}/health",
+            file=sys.stderr,
+        )
         # No level measured: the bench could not do its job (exit 2); a server lost mid-sweep is a finding (1).
         code = Exit.FOUND if summaries else Exit.USAGE
     except ApiMismatch as exc:
         print(f"sm120check bench: {terminal_text(exc)}; nothing was sent to the server", file=sys.stderr)
-        return Exit.USAGE
+        return summaries, Exit.USAGE, kept
     except SweepError as exc:
         print(f"sm120check bench: {terminal_text(exc)}", file=sys.stderr)
-        code, kept = Exit.FOUND, kept and exc.records_kept
+        code, kept = Exit.FOUND, exc.records_kept
+    return summaries, code, kept
+
+
+def _report(config: SweepConfig, summaries: list[LevelSummary], code: int, kept: bool) -> int:
+    """The levels on stdout, what went wrong on stderr, and the exit status."""
     if code and summaries:
-        kept_where = f"; their records are in {args.out}" if kept else ""
+        kept_where = f"; their records are in {config.out}" if kept else ""
         print(f"sm120check bench: {len(summaries)} level(s) finished before it stopped{kept_where}", file=sys.stderr)
     if code and not summaries:
         return code
-    if args.json:
+    if config.json_lines:
         for s in summaries:
             print(s.to_jsonl_line())
     else:
         print(level_table(summaries))
-    print(f"sm120check bench: {len(summaries)} level record(s) appended to {args.out}", file=sys.stderr)
+    print(f"sm120check bench: {len(summaries)} level record(s) appended to {config.out}", file=sys.stderr)
     failed = sum(s.errors for s in summaries)
     if failed:
         print(f"sm120check bench: {failed} requests failed; see error_samples in the records", file=sys.stderr)
@@ -375,7 +489,7 @@ def handle(args: argparse.Namespace) -> int:
     if changed:
         said = next((w for w in changed[0].warnings if w.startswith("the server changed")), "")
         print(
-            f"sm120check bench: the server behind {endpoint} changed during the sweep (first at "
+            f"sm120check bench: the server behind {config.endpoint} changed during the sweep (first at "
             f"{level_name(changed[0])}: {said}); the records are flagged and `crossover` refuses them: measure again "
             "against one server",
             file=sys.stderr,
@@ -482,229 +596,389 @@ def _out_problem(path: Path) -> str:
     return ""
 
 
-async def _sweep(
-    args: argparse.Namespace,
-    endpoint: Endpoint,
-    levels: Sequence[int],
-    prompts: list[str] | None,
-    api_key: str | None,
-    summaries: list[LevelSummary],
-) -> None:
-    """Run every level, appending each finished level to `summaries` (and to --out) as soon as it is measured."""
-    api = Api(args.api)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    info_timeout: float = getattr(args, "info_timeout", 30.0)
-    pause: float = getattr(args, "pause", 1.0)
-    reuse: bool = getattr(args, "allow_prompt_reuse", False)
+@dataclass(frozen=True)
+class _Server:
+    """What the sweep learned from the server before its first level."""
 
-    def say(line: str) -> None:  # warnings carry the server's text: made inert for the terminal
-        if not args.quiet:
-            print(terminal_text(line, one_line=True), file=sys.stderr, flush=True)
+    endpoint: Endpoint
+    api: Api
+    headers: dict[str, str]
+    info_timeout: float
+    engine: str
 
+
+@dataclass(frozen=True)
+class _Level:
+    """One level of the sweep, either loop mode."""
+
+    number: int
+    step: float  # the concurrency (closed loop) or the offered rate (open loop)
+    name: str  # "C=8", "rate 2/s"
+    prompt_key: int  # a closed level's concurrency; an open level's index (for its unique prompts)
+
+
+@dataclass(frozen=True)
+class _Start:
+    """The server as a level starts: its identity, the switch's counts in its log, its /metrics."""
+
+    identity: ServerIdentity | None
+    switch: dict[str, object] | None
+    scrape: Scrape | None
+    at: datetime.datetime
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """A level as its loop mode measured it."""
+
+    records: list[RequestRecord]
+    t0: float | None
+    t1: float | None
+    ended: datetime.datetime
+    summary: LevelSummary
+    meta: dict[str, Any]  # the loop mode's own record fields
+    stalled: HttpError | None  # the server stalled or went away as the level ended
+
+
+Announce = Callable[[str], None]
+StartLevel = Callable[[], Awaitable[_Start]]
+MakeSpec = Callable[[int], RequestSpec]
+
+
+@dataclass(frozen=True)
+class _ClosedLoop:
+    """Fixed concurrency: C workers, each sending its next request when the last one finishes."""
+
+    config: SweepConfig
+
+    def levels(self) -> list[_Level]:
+        return [_Level(n, float(c), f"C={c}", c) for n, c in enumerate(self.config.levels)]
+
+    def weight(self, level: _Level) -> float:
+        """What a level costs, for the ETA (a guess: its measured requests; its seconds with --duration)."""
+        config = self.config
+        return (
+            1.0
+            if config.duration is not None
+            else float(config.requests_per_level or default_requests(level.prompt_key))
+        )
+
+    def plan(self, level: _Level) -> LevelPlan:
+        config, c = self.config, level.prompt_key
+        if config.duration is not None:
+            plan = LevelPlan(c, duration=config.duration, warmup=config.warmup, min_lifetimes=config.min_lifetimes)
+        else:
+            plan = LevelPlan(c, requests=config.requests_per_level or default_requests(c), warmup=config.warmup)
+        return replace(plan, request_timeout=config.request_timeout, level_timeout=config.level_timeout)
+
+    async def measure(
+        self, level: _Level, of: str, server: _Server, make_spec: MakeSpec, say: Announce, start: StartLevel
+    ) -> tuple[_Start, _Measured]:
+        plan = self.plan(level)
+        amount = plan.requests or f"{plan.duration:g} s of"
+        say(f"{of}{level.name}: {amount} measured requests after {self.config.warmup} warm-up each")
+        begun = await start()
+        counter = GENERATION_COUNTERS.get(server.engine)
+        sampler = CounterSampler(server.endpoint, server.headers, counter, server.info_timeout) if counter else None
+        run = run_level(server.endpoint, server.api, plan, make_spec, server.headers, say)
+        if sampler is not None:
+            async with sampler:
+                records, t0, t1, timed_out = await run
+        else:
+            records, t0, t1, timed_out = await run
+        ended = datetime.datetime.now(datetime.timezone.utc)
+        summary = _lifetimes_warning(summarize(plan.concurrency, records, t0, t1, timed_out), plan)
+        meta: dict[str, Any] = {}
+        if sampler is not None:
+            window = judge_window(sampler.trace, t0, t1, summary.throughput_tok_s, summary.window_lifetimes)
+            meta.update(window.to_meta())
+            if window.warning:
+                summary = replace(summary, warnings=(*summary.warnings, window.warning))
+        stalled = sampler.failure if sampler is not None else None
+        return begun, _Measured(records, t0, t1, ended, summary, meta, stalled)
+
+
+def _lifetimes_warning(summary: LevelSummary, plan: LevelPlan) -> LevelSummary:
+    """A --min-lifetimes window the level timeout cut short says so."""
+    spanned = summary.window_lifetimes
+    if plan.min_lifetimes is None or spanned is None or spanned >= plan.min_lifetimes:
+        return summary
+    short = (
+        f"the steady window at C={plan.concurrency} spans {spanned:.1f} request lifetimes, short of --min-lifetimes "
+        f"{plan.min_lifetimes:g}: --level-timeout {plan.level_timeout:g} s capped it; raise --level-timeout"
+    )
+    return replace(summary, warnings=(*summary.warnings, short))
+
+
+@dataclass(frozen=True)
+class _OpenLoop:
+    """Offered request rates: arrivals on a schedule, whatever the server's pace."""
+
+    config: SweepConfig
+    rates: tuple[float, ...]
+
+    def levels(self) -> list[_Level]:
+        return [_Level(n, rate, f"rate {rate:g}/s", n) for n, rate in enumerate(self.rates)]
+
+    def weight(self, level: _Level) -> float:
+        config = self.config
+        return (
+            1.0
+            if config.duration is not None
+            else float(config.requests_per_level or default_rate_requests(level.step))
+        )
+
+    def plan(self, level: _Level) -> RatePlan:
+        config = self.config
+        return RatePlan(
+            Arrivals(level.step, config.burstiness, seed=config.seed + level.number),
+            requests=None
+            if config.duration is not None
+            else config.requests_per_level or default_rate_requests(level.step),
+            duration=config.duration,
+            warmup=config.warmup,
+            max_in_flight=config.max_in_flight,
+            request_timeout=config.request_timeout,
+            level_timeout=config.level_timeout,
+        )
+
+    async def measure(
+        self, level: _Level, of: str, server: _Server, make_spec: MakeSpec, say: Announce, start: StartLevel
+    ) -> tuple[_Start, _Measured]:
+        plan = self.plan(level)
+        amount = plan.requests or f"{plan.duration:g} s of"
+        arrivals, warmup = plan.arrivals.describe, self.config.warmup
+        say(f"{of}{level.name}: {amount} measured arrivals ({arrivals}) after {warmup} warm-up")
+        begun = await start()
+        stats = OpenLoopStats()
+        records, t0, t1, timed_out = await run_rate_level(
+            server.endpoint, server.api, plan, make_spec, server.headers, say, stats=stats
+        )
+        ended = datetime.datetime.now(datetime.timezone.utc)
+        in_flight = plan.max_in_flight or max(peak_in_flight(records), 1)
+        summary = summarize(in_flight, records, t0, t1, timed_out)
+        summary = replace(
+            summary,
+            mode="open",
+            request_rate=level.step,
+            burstiness=self.config.burstiness,
+            warnings=(*summary.warnings, *stats.warnings(plan)),
+        )
+        return begun, _Measured(records, t0, t1, ended, summary, _open_meta(stats, plan), None)
+
+
+def _open_meta(stats: OpenLoopStats, plan: RatePlan) -> dict[str, Any]:
+    return {
+        "offered_rate": stats.offered_rate,
+        "max_in_flight": plan.max_in_flight,
+        "arrivals": {
+            "total": stats.arrivals,
+            "measured": stats.measured,
+            "tail": stats.tail,
+            "waited_for_slot": stats.waited_for_slot,
+            "peak_in_flight": stats.peak_in_flight,
+        },
+    }
+
+
+@dataclass(frozen=True)
+class _Discovered:
+    """The server as the sweep found it before any load, and what every level shares."""
+
+    server: _Server
+    facts: ServerFacts
+    first_info: dict[str, object]  # its SGLang server info at discovery
+    model: str  # the model name requests carry ("" for SGLang's /generate without --model)
+    cache_prompt: bool | None  # llama.cpp's cache_prompt (False: off); None: not sent
+    family: SpecFamily | None  # the engine's /metrics names, when it has /metrics
+    meta: dict[str, Any]  # what every record's meta starts with
+
+
+async def _discover(config: SweepConfig) -> _Discovered:
+    """Ask the server what it is (ApiMismatch when it does not speak --api) and settle the model and prompt options."""
+    api, endpoint, info_timeout = config.api, config.endpoint, config.info_timeout
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     first_info = await fetch_server_info(endpoint, headers, info_timeout)
     facts = await discover(endpoint, headers, info_timeout, first_info)
-    if (log_backend := getattr(args, "log_backend", None)) is not None:
-        facts = facts.with_log(log_backend)
-    _check_api(api, facts, endpoint, bool(args.model))
-    model = args.model or ""
+    if config.log_backend is not None:
+        facts = facts.with_log(config.log_backend)
+    _check_api(api, facts, endpoint, bool(config.model))
+    model = config.model
     if api is not Api.SGLANG and not model:
         model = facts.first_model_id or await fetch_model_name(endpoint, headers, info_timeout)
-    run_id = uuid.uuid4().hex[:12]
-    recorded = {k: v for k, v in vars(args).items() if k not in ("handler", "api_key", "command", "log_backend")}
-    recorded["url"] = redact_url(args.url)
+    reuse = config.reuse_prompts
     # llama.cpp's cache_prompt; SGLang's /generate and vLLM reject keys they do not know
     cache_prompt = False if facts.engine == "llama.cpp" and api is not Api.SGLANG and not reuse else None
-    source = f"file:{args.prompt_file.name}" if args.prompt_file else "synthetic"
-    if getattr(args, "dataset", None) is not None:
-        categories = f":{','.join(args.category)}" if args.category else ""
-        source = f"dataset:{args.dataset.name}:{args.dataset_format}{categories}"
     meta: dict[str, Any] = {
         "api": api.value,
         "url": str(endpoint),
         "model": model or facts.model,
-        "args": {k: (str(v) if isinstance(v, (Path, Slo)) else v) for k, v in recorded.items()},
+        "args": {k: (str(v) if isinstance(v, (Path, Slo)) else v) for k, v in config.recorded_args.items()},
         "client": {"host": socket.gethostname(), "sm120check": __version__},
-        "prompts": {"unique": not reuse, "cache_prompt": cache_prompt, "source": source},
-        "pause_s": pause,
+        "prompts": {"unique": not reuse, "cache_prompt": cache_prompt, "source": config.prompt_source},
+        "pause_s": config.pause,
     }
     family = family_for(facts.engine) if facts.has_metrics else None
-    pool = prompts or synthetic_prompts(max(4 * max(levels), 64), args.input_len, args.seed)
-    rates: list[float] | None = getattr(args, "request_rate", None)
-    steps: list[float] = list(rates) if rates else [float(c) for c in levels]
+    server = _Server(endpoint, api, headers, info_timeout, facts.engine)
+    return _Discovered(server, facts, first_info, model, cache_prompt, family, meta)
+
+
+@dataclass(frozen=True)
+class _After:
+    """What the server said once a level ended."""
+
+    summary: LevelSummary
+    facts: ServerFacts
+    info: dict[str, object]  # its SGLang server info ({} without)
+    identity: ServerIdentity | None
+    meta: dict[str, Any]  # the /metrics counters' accept length, when they gave it
+    stalled: HttpError | None  # it stalled or went away: the sweep stops after this level
+
+
+async def _after_level(
+    server: _Server, facts: ServerFacts, family: SpecFamily | None, begun: _Start, measured: _Measured, slo: Slo | None
+) -> _After:
+    """Goodput, then the server's counters, info and identity after the level (nothing asked of a stalled server)."""
+    summary, stalled = measured.summary, measured.stalled
+    if slo is not None:
+        summary = replace(summary, goodput=compute_goodput(slo, measured.records, measured.t0, measured.t1))
+    meta: dict[str, Any] = {}
+    info: dict[str, object] = {}
+    identity: ServerIdentity | None = None
+    if stalled is not None:  # the server stalled or went away as the level ended: ask it nothing more
+        summary = replace(summary, warnings=(*summary.warnings, f"/metrics after the level: {stalled}"))
+    else:
+        endpoint, headers, timeout = server.endpoint, server.headers, server.info_timeout
+        try:
+            if family is not None and begun.scrape is not None:
+                after = await _settled_scrape(endpoint, headers, timeout, family)
+                if after is not None:
+                    facts = facts.with_scrape(after)
+                    summary, meta = _metrics_accept(summary, family, begun.scrape, after)
+            info = await fetch_server_info(endpoint, headers, timeout) if facts.sglang_info else {}
+            identity = await _identity(endpoint, headers, facts, timeout, info if facts.sglang_info else None)
+        except HttpError as exc:  # the level is measured: keep it, then stop
+            stalled = exc
+            summary = replace(summary, warnings=(*summary.warnings, f"server info after the level: {exc}"))
+    if stalled is not None:
+        summary = replace(summary, flags=(*summary.flags, SERVER_LOST_FLAG))
+    return _After(summary, facts, info, identity, meta, stalled)
+
+
+def _level_meta(
+    shared: dict[str, Any],
+    facts: ServerFacts,
+    begun: _Start,
+    measured: _Measured,
+    after: _After,
+    identity: LevelIdentity,
+    server_accept: float | None,
+    switch_after: dict[str, object] | None,
+) -> dict[str, Any]:
+    """A level record's meta: the sweep's, the server's, the level's times, then each source's own fields."""
+    started, ended = begun.at, measured.ended
+    return dict(
+        shared,
+        server=facts.to_record(),
+        started_at=started.isoformat(timespec="seconds"),
+        level_started_at=started.isoformat(timespec="milliseconds"),
+        level_ended_at=ended.isoformat(timespec="milliseconds"),
+        level_started_epoch=round(started.timestamp(), 3),
+        level_ended_epoch=round(ended.timestamp(), 3),
+        server_accept_length_cumulative=server_accept,
+        **switch_meta(begun.switch, switch_after),
+        **{META: identity.to_json()},
+        **measured.meta,
+        **after.meta,
+    )
+
+
+async def _sweep(config: SweepConfig, summaries: list[LevelSummary]) -> None:
+    """Run every level, appending each finished level to `summaries` (and to --out) as soon as it is measured."""
+
+    def say(line: str) -> None:  # warnings carry the server's text: made inert for the terminal
+        if not config.quiet:
+            print(terminal_text(line, one_line=True), file=sys.stderr, flush=True)
+
+    found = await _discover(config)
+    server, facts, family = found.server, found.facts, found.family
+    run_id = uuid.uuid4().hex[:12]
+    pool = config.prompts or synthetic_prompts(max(4 * max(config.levels), 64), config.input_len, config.seed)
+    mode: _ClosedLoop | _OpenLoop = _OpenLoop(config, config.rates) if config.rates else _ClosedLoop(config)
+    levels = mode.levels()
+    weights = [mode.weight(level) for level in levels]
     loop = asyncio.get_running_loop()
     sweep_start, weights_done = loop.time(), 0.0
-    # What a level costs, for the ETA: its seconds with --duration, else its measured requests (a guess: a level's
-    # time grows with its requests, since the server is busier at every level).
-    weights = [
-        1.0
-        if args.duration is not None
-        else float(args.requests_per_level or (default_rate_requests(step) if rates else default_requests(int(step))))
-        for step in steps
-    ]
     first_identity: ServerIdentity | None = None
     last_identity: ServerIdentity | None = None
-    for number, step in enumerate(steps):
-        c = number if rates else int(step)  # a closed level's concurrency; an open level's index (for its prompts)
-        name = f"rate {step:g}/s" if rates else f"C={c}"
-        of = f"level {number + 1} of {len(steps)}, "
-        if rates is None:
-            if args.duration is not None:
-                plan = LevelPlan(c, duration=args.duration, warmup=args.warmup, min_lifetimes=args.min_lifetimes)
-            else:
-                plan = LevelPlan(c, requests=args.requests_per_level or default_requests(c), warmup=args.warmup)
-            plan = replace(plan, request_timeout=args.request_timeout, level_timeout=args.level_timeout)
-            amount = plan.requests or f"{plan.duration:g} s of"
-            say(f"{of}{name}: {amount} measured requests after {args.warmup} warm-up each")
-        else:
-            rate_plan = RatePlan(
-                Arrivals(step, args.burstiness, seed=args.seed + number),
-                requests=None if args.duration is not None else args.requests_per_level or default_rate_requests(step),
-                duration=args.duration,
-                warmup=args.warmup,
-                max_in_flight=args.max_in_flight,
-                request_timeout=args.request_timeout,
-                level_timeout=args.level_timeout,
-            )
-            amount = rate_plan.requests or f"{rate_plan.duration:g} s of"
-            say(f"{of}{name}: {amount} measured arrivals ({rate_plan.arrivals.describe}) after {args.warmup} warm-up")
+    for level in levels:
+        number, name = level.number, level.name
 
-        def make_spec(i: int, c: int = c) -> RequestSpec:
+        def make_spec(i: int, c: int = level.prompt_key) -> RequestSpec:
             body = pool[i % len(pool)]
-            prompt = body if reuse else unique_prompt(body, run_id, c, i)
-            return RequestSpec(prompt, args.output_len, args.temperature, not args.no_ignore_eos, model, cache_prompt)
+            prompt = body if config.reuse_prompts else unique_prompt(body, run_id, c, i)
+            return RequestSpec(
+                prompt, config.output_len, config.temperature, config.ignore_eos, found.model, found.cache_prompt
+            )
 
-        # the first level's start is what the server said just before it (discovery); later ones are read again
-        start_identity = await _identity(endpoint, headers, facts, info_timeout, None if number else first_info)
-        switch_before = switch_counts(getattr(args, "server_log", None))
-        before = await scrape_metrics(endpoint, headers, info_timeout) if family else None
-        started = datetime.datetime.now(datetime.timezone.utc)
-        open_meta: dict[str, Any] = {}
-        counter = GENERATION_COUNTERS.get(facts.engine)
-        sampler = CounterSampler(endpoint, headers, counter, info_timeout) if counter else None
-        if rates is None:
-            if sampler is not None:
-                async with sampler:
-                    records, t0, t1, timed_out = await run_level(endpoint, api, plan, make_spec, headers, say)
-            else:
-                records, t0, t1, timed_out = await run_level(endpoint, api, plan, make_spec, headers, say)
-            ended = datetime.datetime.now(datetime.timezone.utc)
-            summary = summarize(c, records, t0, t1, timed_out)
-            spanned = summary.window_lifetimes
-            if plan.min_lifetimes is not None and spanned is not None and spanned < plan.min_lifetimes:
-                short = (
-                    f"the steady window at C={c} spans {spanned:.1f} request lifetimes, short of --min-lifetimes "
-                    f"{plan.min_lifetimes:g}: --level-timeout {plan.level_timeout:g} s capped it; raise --level-timeout"
-                )
-                summary = replace(summary, warnings=(*summary.warnings, short))
-            if sampler is not None:
-                window = judge_window(sampler.trace, t0, t1, summary.throughput_tok_s, summary.window_lifetimes)
-                open_meta.update(window.to_meta())
-                if window.warning:
-                    summary = replace(summary, warnings=(*summary.warnings, window.warning))
-        else:
-            stats = OpenLoopStats()
-            records, t0, t1, timed_out = await run_rate_level(
-                endpoint, api, rate_plan, make_spec, headers, say, stats=stats
-            )
-            ended = datetime.datetime.now(datetime.timezone.utc)
-            in_flight = rate_plan.max_in_flight or max(peak_in_flight(records), 1)
-            summary = summarize(in_flight, records, t0, t1, timed_out)
-            summary = replace(
-                summary,
-                mode="open",
-                request_rate=step,
-                burstiness=args.burstiness,
-                warnings=(*summary.warnings, *stats.warnings(rate_plan)),
-            )
-            open_meta = {
-                "offered_rate": stats.offered_rate,
-                "max_in_flight": rate_plan.max_in_flight,
-                "arrivals": {
-                    "total": stats.arrivals,
-                    "measured": stats.measured,
-                    "tail": stats.tail,
-                    "waited_for_slot": stats.waited_for_slot,
-                    "peak_in_flight": stats.peak_in_flight,
-                },
-            }
-        if args.slo is not None:
-            summary = replace(summary, goodput=compute_goodput(args.slo, records, t0, t1))
-        stalled: HttpError | None = sampler.failure if sampler is not None else None
-        level_meta: dict[str, Any] = {}
-        info: dict[str, object] = {}
-        end_identity: ServerIdentity | None = None
-        if stalled is not None:  # the server stalled or went away as the level ended: ask it nothing more
-            summary = replace(summary, warnings=(*summary.warnings, f"/metrics after the level: {stalled}"))
-        else:
-            try:
-                if family is not None and before is not None:
-                    after = await _settled_scrape(endpoint, headers, info_timeout, family)
-                    if after is not None:
-                        facts = facts.with_scrape(after)
-                        summary, level_meta = _metrics_accept(summary, family, before, after)
-                info = await fetch_server_info(endpoint, headers, info_timeout) if facts.sglang_info else {}
-                end_identity = await _identity(
-                    endpoint, headers, facts, info_timeout, info if facts.sglang_info else None
-                )
-            except HttpError as exc:  # the level is measured: keep it, then stop
-                stalled = exc
-                summary = replace(summary, warnings=(*summary.warnings, f"server info after the level: {exc}"))
-        if stalled is not None:
-            summary = replace(summary, flags=(*summary.flags, SERVER_LOST_FLAG))
-        identity = LevelIdentity(start_identity, end_identity)
-        summary = _identity_flags(summary, identity, last_identity, first_identity)
-        first_identity = first_identity or start_identity or end_identity
-        last_identity = end_identity or start_identity
-        server_accept, accept_problem = cumulative_accept(info)
+        async def start(number: int = number, facts: ServerFacts = facts) -> _Start:
+            # the first level's start is what the server said just before it (discovery); later ones are read again
+            info = None if number else found.first_info
+            identity = await _identity(server.endpoint, server.headers, facts, server.info_timeout, info)
+            switch = switch_counts(config.server_log)
+            scrape = await scrape_metrics(server.endpoint, server.headers, server.info_timeout) if family else None
+            return _Start(identity, switch, scrape, datetime.datetime.now(datetime.timezone.utc))
+
+        of = f"level {number + 1} of {len(levels)}, "
+        begun, measured = await mode.measure(level, of, server, make_spec, say, start)
+        after = await _after_level(server, facts, family, begun, measured, config.slo)
+        facts = after.facts
+        identity = LevelIdentity(begun.identity, after.identity)
+        summary = _identity_flags(after.summary, identity, last_identity, first_identity)
+        first_identity = first_identity or begun.identity or after.identity
+        last_identity = after.identity or begun.identity
+        server_accept, accept_problem = cumulative_accept(after.info)
         if accept_problem:
             summary = replace(
                 summary,
                 warnings=(*summary.warnings, f"{accept_problem}; not used"),
                 flags=(*summary.flags, "untrusted_server_accept_length"),
             )
-        level_meta = dict(
-            meta,
-            server=facts.to_record(),
-            started_at=started.isoformat(timespec="seconds"),
-            level_started_at=started.isoformat(timespec="milliseconds"),
-            level_ended_at=ended.isoformat(timespec="milliseconds"),
-            level_started_epoch=round(started.timestamp(), 3),
-            level_ended_epoch=round(ended.timestamp(), 3),
-            server_accept_length_cumulative=server_accept,
-            **switch_meta(switch_before, switch_counts(getattr(args, "server_log", None))),
-            **{META: identity.to_json()},
-            **open_meta,
-            **level_meta,
-        )
+        switch_after = switch_counts(config.server_log)
+        meta = _level_meta(found.meta, facts, begun, measured, after, identity, server_accept, switch_after)
         if problem := draft_problem(summary.concurrency, facts.speculative, summary.accept_length):
             summary = replace(summary, warnings=(*summary.warnings, problem), flags=(*summary.flags, DRAFT_FLAG))
-        summary = replace(summary, label=args.label, run_id=run_id, meta=level_meta)
+        summary = replace(summary, label=config.label, run_id=run_id, meta=meta)
         summaries.append(summary)
-        if args.out:
-            try:
-                append_jsonl(args.out, [summary])
-            except OSError as exc:  # checked up front; this is a disk that filled or went away during the sweep
-                message = f"cannot append the {name} record to {args.out}: {exc.strerror or exc}"
-                raise SweepError(message, records_kept=False) from None
-        accept = f", accept length {summary.accept_length:.2f}" if summary.accept_length else ""
-        good = ""
-        if summary.goodput is not None:
-            g = summary.goodput
-            good = f", goodput {g.request_goodput:.2f} req/s ({g.good}/{g.finished} met --slo)"
-        say(
-            f"{name}: {summary.throughput_tok_s:.1f} tok/s, {summary.per_request_mean:.1f} tok/s per request, "
-            f"{summary.errors}/{summary.requests} errors{accept}{good}"
-        )
+        try:
+            append_jsonl(config.out, [summary])
+        except OSError as exc:  # checked up front; this is a disk that filled or went away during the sweep
+            message = f"cannot append the {name} record to {config.out}: {exc.strerror or exc}"
+            raise SweepError(message, records_kept=False) from None
+        say(_level_line(name, summary))
         for warning in summary.warnings:
             say(f"  warning: {warning}")
         weights_done += weights[number]
-        if number < len(steps) - 1 and weights_done > 0:
+        if number < len(levels) - 1 and weights_done > 0:
             left = (loop.time() - sweep_start) / weights_done * sum(weights[number + 1 :])
-            say(f"  {len(steps) - number - 1} level(s) left, {eta_text(left)} (a guess from the levels so far)")
-        if stalled is not None:
-            raise SweepError(f"stopped after {name}: {stalled}")
-        if pause > 0 and number < len(steps) - 1:
-            await asyncio.sleep(pause)
+            say(f"  {len(levels) - number - 1} level(s) left, {eta_text(left)} (a guess from the levels so far)")
+        if after.stalled is not None:
+            raise SweepError(f"stopped after {name}: {after.stalled}")
+        if config.pause > 0 and number < len(levels) - 1:
+            await asyncio.sleep(config.pause)
+
+
+def _level_line(name: str, summary: LevelSummary) -> str:
+    """The progress line a finished level prints."""
+    accept = f", accept length {summary.accept_length:.2f}" if summary.accept_length else ""
+    good = ""
+    if summary.goodput is not None:
+        g = summary.goodput
+        good = f", goodput {g.request_goodput:.2f} req/s ({g.good}/{g.finished} met --slo)"
+    return (
+        f"{name}: {summary.throughput_tok_s:.1f} tok/s, {summary.per_request_mean:.1f} tok/s per request, "
+        f"{summary.errors}/{summary.requests} errors{accept}{good}"
+    )
 
 
 def _check_api(api: Api, facts: ServerFacts, endpoint: Endpoint, model_given: bool) -> None:

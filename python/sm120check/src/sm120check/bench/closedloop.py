@@ -305,82 +305,24 @@ def summarize(
     t1: float | None,
     timed_out: bool = False,
 ) -> LevelSummary:
-    """Reduce a level's request records to the numbers a user reads (see the module docstring for the window)."""
+    """Reduce a level's request records to the numbers a user reads (see the module docstring for the window).
+
+    Each step below adds its warnings and flags in this order, which is the order the record keeps."""
     warnings: list[str] = []
+    flags: list[str] = []
     measured = [r for r in records if not r.warmup and not r.cut]
     errors = [r for r in measured if r.error]
-    suspect = [r for r in records if r.anomalies]
-    flags: list[str] = []
-    if suspect:
-        flags.append("untrusted_token_counts")
-        warnings.append(
-            f"{len(suspect)} request(s) at C={concurrency} reported token counts that cannot be true "
-            f"({suspect[0].anomalies[0]}); their tokens are left out of throughput, latency and accept length"
-        )
-        records = [r for r in records if not r.anomalies]
+    records = _drop_untrusted(concurrency, records, warnings, flags)
     records = _credit_cut_requests(concurrency, records, warnings, flags)
     ok = [r for r in measured if not r.error and not r.anomalies]
-    all_failed = bool(measured) and not ok
-    unfinished = not measured  # no measured request finished (a stalled server, a short --level-timeout)
-    window_valid = t0 is not None and t1 is not None and t1 > t0
     if timed_out:
         warnings.append("the level hit --level-timeout; its numbers cover what finished")
-    if unfinished:
-        flags.append(NO_NUMBERS)
-        running = sum(1 for r in records if r.cut and not r.warmup)
-        warnings.append(
-            f"no measured request finished at C={concurrency} ({running} still running when the level ended"
-            f"{' at --level-timeout' if timed_out else ''}); the level has no numbers - is the server stalled? "
-            "raise --level-timeout if its requests are that slow"
-        )
-        all_failed = True
-    elif all_failed:
-        flags.append(NO_NUMBERS)
-        untrusted = sum(1 for r in measured if r.anomalies and not r.error)
-        if not errors:  # none failed: the server's token counts could not be believed
-            warnings.append(
-                f"no measured request at C={concurrency} can be trusted ({untrusted} of {len(measured)} reported "
-                "token counts that cannot be true); the level has no numbers"
-            )
-        else:
-            distrust = f", {untrusted} reported token counts that cannot be true" if untrusted else ""
-            warnings.append(
-                f"every measured request at C={concurrency} failed or cannot be trusted ({len(errors)} of "
-                f"{len(measured)} failed{distrust}; first error: {errors[0].error[:200]}); the level has no numbers"
-            )
-    if window_valid:
-        assert t0 is not None and t1 is not None
-        lo, hi = t0, t1
-        steady = [r for r in ok if r.scheduled >= lo and r.end <= hi]
-        if not steady and not all_failed:
-            warnings.append(
-                f"no request ran wholly inside the steady window at C={concurrency}; latency covers all measured "
-                "requests - raise --requests-per-level or --duration"
-            )
-        steady = steady or ok
-    else:
-        if not all_failed:
-            warnings.append(
-                f"no steady window at C={concurrency} (a worker ran out of work before all finished warm-up); "
-                "throughput covers all measured requests - raise --requests-per-level to several times C"
-            )
-        steady = ok
-        lo = min((r.scheduled for r in ok), default=0.0)
-        hi = max((r.end for r in ok), default=0.0)
+    all_failed = _no_numbers(concurrency, records, measured, errors, timed_out, warnings, flags)
+    window_valid = t0 is not None and t1 is not None and t1 > t0
+    steady, lo, hi = _steady(concurrency, ok, t0, t1, all_failed, warnings)
     throughput, window, in_window = _window_rate(records, lo, hi)
     halves = _halves_rel_diff(records, lo, hi, throughput)
-
-    ttft = [r.first - r.scheduled for r in steady if r.first is not None]
     e2e = [r.end - r.scheduled for r in steady]
-    per_req = [r.tokens / (r.end - r.scheduled) for r in steady if r.end > r.scheduled]
-    tpot = [(r.end - r.first) / (r.tokens - 1) for r in steady if r.first is not None and r.tokens > 1]
-    itl: list[float] = []
-    for r in steady:
-        prev = r.first
-        for t, n in r.chunks:
-            if prev is not None and t > prev and n > 0:
-                itl.extend([(t - prev) / n] * n)  # a chunk of n tokens: n gaps of equal share
-                prev = t
     lifetimes = window / (sum(e2e) / len(e2e)) if e2e and sum(e2e) > 0 and window > 0 else None
     if lifetimes is not None and lifetimes < 4 and not all_failed:
         warnings.append(
@@ -395,21 +337,9 @@ def summarize(
             "TTFT and throughput are for cached prompts (prompts sent again, or sharing a long prefix)"
         )
     # cut requests' counts so far are consistent pairs (SGLang: tokens and spec_verify_ct of the same event)
-    accept, accept_source = _accept_length([*steady, *(r for r in records if r.cut and not r.warmup)])
-    if accept is not None and accept > MAX_ACCEPT_LENGTH:  # a record crossover would refuse: not recorded
-        warnings.append(
-            f"the server's counts give {accept:.6g} accepted tokens per verify step at C={concurrency}, above "
-            f"{MAX_ACCEPT_LENGTH:g}: they cannot be true; the accept length is left out"
-        )
-        flags.append("untrusted_server_accept_length")
-        accept, accept_source = None, ""
-    sources = sorted({r.token_source for r in ok if r.token_source})
-    samples: list[str] = []
-    for r in errors:
-        if r.error not in samples:
-            samples.append(r.error)
-        if len(samples) >= _MAX_ERROR_SAMPLES:
-            break
+    accept, accept_source = _trusted_accept(
+        concurrency, [*steady, *(r for r in records if r.cut and not r.warmup)], warnings, flags
+    )
     steady_ids = {id(r) for r in steady} if window_valid else set()
     return LevelSummary(
         concurrency=concurrency,
@@ -419,17 +349,17 @@ def summarize(
         requests=len(measured),
         errors=len(errors),
         window_valid=window_valid,
-        per_request_tok_s=Dist.of(per_req),
-        ttft_s=Dist.of(ttft),
-        itl_s=Dist.of(itl),
-        tpot_s=Dist.of(tpot),
+        per_request_tok_s=Dist.of(r.tokens / (r.end - r.scheduled) for r in steady if r.end > r.scheduled),
+        ttft_s=Dist.of(r.first - r.scheduled for r in steady if r.first is not None),
+        itl_s=Dist.of(_inter_token_gaps(steady)),
+        tpot_s=Dist.of((r.end - r.first) / (r.tokens - 1) for r in steady if r.first is not None and r.tokens > 1),
         e2e_s=Dist.of(e2e),
         client_wait_s=Dist.of(r.sent - r.scheduled for r in steady),
         server_lag_s=Dist.of(lag for r in steady for lag in r.server_lag),
         accept_length=accept,
         accept_source=accept_source,
-        token_source="+".join(sources),
-        error_samples=tuple(samples),
+        token_source="+".join(sorted({r.token_source for r in ok if r.token_source})),
+        error_samples=_error_samples(errors),
         warnings=tuple(warnings),
         flags=tuple(flags),
         throughput_halves_rel_diff=halves,
@@ -438,6 +368,124 @@ def summarize(
         accept_hist=_accept_hist(ok),
         per_request=tuple(_row(r, id(r) in steady_ids) for r in records),
     )
+
+
+def _drop_untrusted(
+    concurrency: int, records: Sequence[RequestRecord], warnings: list[str], flags: list[str]
+) -> Sequence[RequestRecord]:
+    """The records without those whose token counts cannot be true (said in a warning and a flag)."""
+    suspect = [r for r in records if r.anomalies]
+    if not suspect:
+        return records
+    flags.append("untrusted_token_counts")
+    warnings.append(
+        f"{len(suspect)} request(s) at C={concurrency} reported token counts that cannot be true "
+        f"({suspect[0].anomalies[0]}); their tokens are left out of throughput, latency and accept length"
+    )
+    return [r for r in records if not r.anomalies]
+
+
+def _no_numbers(
+    concurrency: int,
+    records: Sequence[RequestRecord],
+    measured: Sequence[RequestRecord],
+    errors: Sequence[RequestRecord],
+    timed_out: bool,
+    warnings: list[str],
+    flags: list[str],
+) -> bool:
+    """Whether the level has no numbers (no measured request finished, or every one failed or cannot be trusted),
+    flagged NO_NUMBERS with a warning saying which."""
+    if not measured:  # no measured request finished (a stalled server, a short --level-timeout)
+        flags.append(NO_NUMBERS)
+        running = sum(1 for r in records if r.cut and not r.warmup)
+        warnings.append(
+            f"no measured request finished at C={concurrency} ({running} still running when the level ended"
+            f"{' at --level-timeout' if timed_out else ''}); the level has no numbers - is the server stalled? "
+            "raise --level-timeout if its requests are that slow"
+        )
+        return True
+    if any(not r.error and not r.anomalies for r in measured):
+        return False
+    flags.append(NO_NUMBERS)
+    untrusted = sum(1 for r in measured if r.anomalies and not r.error)
+    if not errors:  # none failed: the server's token counts could not be believed
+        warnings.append(
+            f"no measured request at C={concurrency} can be trusted ({untrusted} of {len(measured)} reported "
+            "token counts that cannot be true); the level has no numbers"
+        )
+    else:
+        distrust = f", {untrusted} reported token counts that cannot be true" if untrusted else ""
+        warnings.append(
+            f"every measured request at C={concurrency} failed or cannot be trusted ({len(errors)} of "
+            f"{len(measured)} failed{distrust}; first error: {errors[0].error[:200]}); the level has no numbers"
+        )
+    return True
+
+
+def _steady(
+    concurrency: int,
+    ok: Sequence[RequestRecord],
+    t0: float | None,
+    t1: float | None,
+    all_failed: bool,
+    warnings: list[str],
+) -> tuple[Sequence[RequestRecord], float, float]:
+    """The requests latency is read from (those wholly inside the steady window, else every good one) and the
+    window throughput is counted over (t0..t1, else the good requests' span), with a warning for each fallback."""
+    if t0 is not None and t1 is not None and t1 > t0:
+        steady = [r for r in ok if r.scheduled >= t0 and r.end <= t1]
+        if not steady and not all_failed:
+            warnings.append(
+                f"no request ran wholly inside the steady window at C={concurrency}; latency covers all measured "
+                "requests - raise --requests-per-level or --duration"
+            )
+        return steady or ok, t0, t1
+    if not all_failed:
+        warnings.append(
+            f"no steady window at C={concurrency} (a worker ran out of work before all finished warm-up); "
+            "throughput covers all measured requests - raise --requests-per-level to several times C"
+        )
+    return ok, min((r.scheduled for r in ok), default=0.0), max((r.end for r in ok), default=0.0)
+
+
+def _inter_token_gaps(steady: Sequence[RequestRecord]) -> list[float]:
+    """Every token's gap from the one before it; a chunk of n tokens counts as n gaps of equal share."""
+    itl: list[float] = []
+    for r in steady:
+        prev = r.first
+        for t, n in r.chunks:
+            if prev is not None and t > prev and n > 0:
+                itl.extend([(t - prev) / n] * n)
+                prev = t
+    return itl
+
+
+def _trusted_accept(
+    concurrency: int, counted: Sequence[RequestRecord], warnings: list[str], flags: list[str]
+) -> tuple[float | None, str]:
+    """The level's accept length and its source; one above MAX_ACCEPT_LENGTH cannot be true and is left out (a record
+    crossover would refuse)."""
+    accept, accept_source = _accept_length(counted)
+    if accept is None or accept <= MAX_ACCEPT_LENGTH:
+        return accept, accept_source
+    warnings.append(
+        f"the server's counts give {accept:.6g} accepted tokens per verify step at C={concurrency}, above "
+        f"{MAX_ACCEPT_LENGTH:g}: they cannot be true; the accept length is left out"
+    )
+    flags.append("untrusted_server_accept_length")
+    return None, ""
+
+
+def _error_samples(errors: Sequence[RequestRecord]) -> tuple[str, ...]:
+    """The first _MAX_ERROR_SAMPLES distinct errors, in the order they happened."""
+    samples: list[str] = []
+    for r in errors:
+        if r.error not in samples:
+            samples.append(r.error)
+        if len(samples) >= _MAX_ERROR_SAMPLES:
+            break
+    return tuple(samples)
 
 
 def _row(r: RequestRecord, in_window: bool) -> RequestRow:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from sm120check.bench.apis import Api, RequestSpec
@@ -96,6 +96,57 @@ class OpenLoopStats:
         return tuple(out)
 
 
+@dataclass(frozen=True)
+class _Arrival:
+    """One arrival of a rate level's schedule and its role: warm-up, measured, or tail (after the measured ones)."""
+
+    index: int
+    offset: float  # seconds after the level's start
+    measured: bool
+    tail: bool
+
+
+def _schedule(plan: RatePlan) -> Iterator[_Arrival]:
+    """The level's arrivals in order, each with its role (at most MAX_ARRIVALS); the caller stops at the tail it
+    does not need."""
+    first_measured: float | None = None
+    for index, offset in enumerate(plan.arrivals.offsets()):
+        if index >= MAX_ARRIVALS:
+            return
+        measured = False
+        if index >= plan.warmup:
+            if first_measured is None:
+                first_measured = offset
+            if plan.requests is not None:
+                measured = index < plan.warmup + plan.requests
+            else:
+                assert plan.duration is not None
+                measured = offset < first_measured + plan.duration
+        yield _Arrival(index, offset, measured, index >= plan.warmup and not measured)
+
+
+@dataclass
+class _Window:
+    """The measured window as the level runs: it opens at the first measured arrival and closes when the last
+    measured request is done after the schedule reached the tail (or ran out)."""
+
+    finished: asyncio.Event = field(default_factory=asyncio.Event)  # closed, or a bug stopped the level
+    start: float | None = None
+    end: float | None = None
+    measured_left: int = 0
+    scheduling_done: bool = False
+    in_flight: int = 0
+    bugs: list[BaseException] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.end = time.perf_counter()
+        self.finished.set()
+
+    def stop(self, bug: BaseException) -> None:
+        self.bugs.append(bug)
+        self.finished.set()
+
+
 async def run_rate_level(
     endpoint: Endpoint,
     api: Api,
@@ -112,25 +163,18 @@ async def run_rate_level(
     toward throughput, as the closed loop's do).
     """
     st = stats if stats is not None else OpenLoopStats()
-    cap = plan.max_in_flight or HARD_MAX_IN_FLIGHT
-    slots = asyncio.Semaphore(cap)
+    slots = asyncio.Semaphore(plan.max_in_flight or HARD_MAX_IN_FLIGHT)
     idle: list[Connection] = []
     opened: list[Connection] = []
     records: list[RequestRecord] = []
     tasks: list[asyncio.Task[None]] = []
-    finished = asyncio.Event()  # every measured request is done, or a bug stopped the level
-    bugs: list[BaseException] = []
-    window: list[float | None] = [None, None]
-    measured_left = [0]
-    scheduling_done = [False]
-    in_flight = [0]
+    w = _Window()
 
     async def one(index: int, at: float, measured: bool) -> None:
         try:
             await send(index, at, measured)
         except Exception as exc:  # a bug, not a server failure (those come back as records): stop the level
-            bugs.append(exc)
-            finished.set()
+            w.stop(exc)
 
     async def send(index: int, at: float, measured: bool) -> None:
         if slots.locked():
@@ -141,8 +185,8 @@ async def run_rate_level(
             else:
                 conn = Connection(endpoint, headers)
                 opened.append(conn)
-            in_flight[0] += 1
-            st.peak_in_flight = max(st.peak_in_flight, in_flight[0])
+            w.in_flight += 1
+            st.peak_in_flight = max(st.peak_in_flight, w.in_flight)
             try:
                 record = await one_request(
                     conn=conn,
@@ -153,104 +197,96 @@ async def run_rate_level(
                     on_cut=lambda r: records.append(replace(r, scheduled=at)),
                 )
             finally:
-                in_flight[0] -= 1
+                w.in_flight -= 1
             idle.append(conn)
         records.append(replace(record, scheduled=at))
         if measured:
-            measured_left[0] -= 1
-            if measured_left[0] == 0 and scheduling_done[0]:
-                window[1] = time.perf_counter()
-                finished.set()
+            w.measured_left -= 1
+            if w.measured_left == 0 and w.scheduling_done:
+                w.close()
 
     async def dispatcher(start: float) -> None:
         try:
             await dispatch(start)
         except Exception as exc:
-            bugs.append(exc)
-            finished.set()
+            w.stop(exc)
 
     async def dispatch(start: float) -> None:
-        first_measured: float | None = None
-        for index, offset in enumerate(plan.arrivals.offsets()):
-            if index >= MAX_ARRIVALS:
-                break
-            measured = False
-            if index >= plan.warmup:
-                if first_measured is None:
-                    first_measured = offset
-                if plan.requests is not None:
-                    measured = index < plan.warmup + plan.requests
-                else:
-                    assert plan.duration is not None
-                    measured = offset < first_measured + plan.duration
-            tail = index >= plan.warmup and not measured
-            if tail and not scheduling_done[0]:
-                scheduling_done[0] = True
-                if measured_left[0] == 0:  # every measured request finished before the first tail arrival
-                    window[1] = time.perf_counter()
-                    finished.set()
+        for arrival in _schedule(plan):
+            if arrival.tail and not w.scheduling_done:
+                w.scheduling_done = True
+                if w.measured_left == 0:  # every measured request finished before the first tail arrival
+                    w.close()
                 if math.isinf(plan.arrivals.rate):
                     return
-            at = start + offset
+            at = start + arrival.offset
             delay = at - time.perf_counter()
-            if tail:
+            if arrival.tail:
                 try:  # wait for the arrival time, or stop early when the window has closed
-                    await asyncio.wait_for(finished.wait(), max(delay, 0.0))
+                    await asyncio.wait_for(w.finished.wait(), max(delay, 0.0))
                     return
                 except asyncio.TimeoutError:
                     pass
-                if finished.is_set():
+                if w.finished.is_set():
                     return
             elif delay > 0:
                 await asyncio.sleep(delay)
-            if measured:
-                if window[0] is None:
-                    window[0] = at
-                measured_left[0] += 1
+            if arrival.measured:
+                if w.start is None:
+                    w.start = at
+                w.measured_left += 1
                 st.measured += 1
-                st.measured_offsets.append(offset)
-            elif tail:
+                st.measured_offsets.append(arrival.offset)
+            elif arrival.tail:
                 st.tail += 1
             st.arrivals += 1
-            tasks.append(asyncio.ensure_future(one(index, at, measured)))
+            tasks.append(asyncio.ensure_future(one(arrival.index, at, arrival.measured)))
             await asyncio.sleep(0)  # let a task started at the same instant reach its slot in arrival order
         # the schedule ran out (MAX_ARRIVALS) before a tail arrival: the window closes with the last measured request
-        scheduling_done[0] = True
-        if measured_left[0] == 0:
-            window[1] = time.perf_counter()
-            finished.set()
+        w.scheduling_done = True
+        if w.measured_left == 0:
+            w.close()
 
     async def reporter(start: float) -> None:
         while progress is not None:
             await asyncio.sleep(progress_every)
-            done = [r for r in records if not r.warmup and not r.cut]
-            errors = sum(1 for r in done if r.error)
-            total = plan.requests if plan.requests is not None else "?"
-            progress(
-                f"  rate {plan.arrivals.describe}: {len(done)}/{total} requests done, {errors} errors, "
-                f"{in_flight[0]} in flight, {time.perf_counter() - start:.0f} s elapsed"
-            )
+            progress(_progress_line(plan, records, w.in_flight, time.perf_counter() - start))
 
     start = time.perf_counter()
     helpers = [asyncio.ensure_future(dispatcher(start)), asyncio.ensure_future(reporter(start))]
     timed_out = False
     try:
-        await asyncio.wait_for(finished.wait(), plan.level_timeout)
+        await asyncio.wait_for(w.finished.wait(), plan.level_timeout)
     except asyncio.TimeoutError:
         timed_out = True
-        window[1] = time.perf_counter()
+        w.end = time.perf_counter()
     pending = [t for t in (*helpers, *tasks) if not t.done()]
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     await asyncio.gather(*(conn.close() for conn in opened), return_exceptions=True)
-    if bugs:
-        raise bugs[0]
+    if w.bugs:
+        raise w.bugs[0]
     st.offered_rate = realized_rate(st.measured_offsets)
-    lo, hi = window
-    if lo is not None and hi is not None and hi > lo:
-        st.served_rate = sum(1 for r in records if not r.cut and lo <= r.end <= hi) / (hi - lo)
-    return records, window[0], window[1], timed_out
+    st.served_rate = _served_rate(records, w.start, w.end)
+    return records, w.start, w.end, timed_out
+
+
+def _progress_line(plan: RatePlan, records: Sequence[RequestRecord], in_flight: int, elapsed: float) -> str:
+    done = [r for r in records if not r.warmup and not r.cut]
+    errors = sum(1 for r in done if r.error)
+    total = plan.requests if plan.requests is not None else "?"
+    return (
+        f"  rate {plan.arrivals.describe}: {len(done)}/{total} requests done, {errors} errors, "
+        f"{in_flight} in flight, {elapsed:.0f} s elapsed"
+    )
+
+
+def _served_rate(records: Sequence[RequestRecord], lo: float | None, hi: float | None) -> float | None:
+    """Requests that finished inside the window lo..hi, per second of it (None without a window)."""
+    if lo is None or hi is None or hi <= lo:
+        return None
+    return sum(1 for r in records if not r.cut and lo <= r.end <= hi) / (hi - lo)
 
 
 def peak_in_flight(records: Sequence[RequestRecord]) -> int:

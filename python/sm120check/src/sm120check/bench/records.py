@@ -380,16 +380,6 @@ def read_jsonl(path: Path) -> list[LevelSummary]:
     return records
 
 
-def seed_table(summaries: Iterable[LevelSummary]) -> str:
-    """The sweep as the seed account printed it: concurrency, throughput, per-request tok/s, mean latency."""
-    lines = ["| Concurrency | Throughput (tok/s) | Per-Req (tok/s) | Avg Latency (s) |", "|---|---|---|---|"]
-    for s in sorted(summaries, key=lambda s: s.concurrency):
-        lines.append(
-            f"| {s.concurrency} | {_fmt(s.throughput_tok_s)} | {_fmt(s.per_request_mean)} | {_fmt(s.avg_latency_s)} |"
-        )
-    return "\n".join(lines)
-
-
 def level_table(summaries: Iterable[LevelSummary]) -> str:
     """What `bench` prints: the seed account's columns, then TTFT and TPOT (p50 / p99, ms); an open-loop level is
     named by the rate asked for, and goodput is shown where --slo was given."""

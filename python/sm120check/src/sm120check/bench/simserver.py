@@ -13,19 +13,20 @@ speculation wins below
 and loses above it. Steps follow an absolute schedule (each ends at the previous end plus its duration), so the
 Python overhead of serving a step does not stretch the simulated time unless the process is saturated.
 
-    python -m sm120check.bench.simserver --mode spec --port 30000
+    sm120check mock-server --mode spec --port 30000
 
-`--flavour llamacpp` is a thin stand-in for llama.cpp's `llama-server`, for fast unit tests of the bench's client
-side only: it copies the event shapes listed in /work/shared/reference/real-engine.md ("What llama.cpp sends"), not
-llama.cpp's behaviour (the real server is covered by the tests with a real llama-server). It sends one event per
-token; a completions stream ends with an event holding `choices` (empty text, a finish_reason), `usage` and
-`timings`; a chat stream has a role event (`content: null`), one `delta.content` event per token, a finish event
-with an empty delta, and a usage event (`choices: []`, `usage`, `timings`) only with `include_usage`;
-`continuous_usage_stats` is ignored. `/props`, `/slots` and `/metrics` (`llamacpp:` names, counters updated when a
-request is released) answer; `/get_server_info`, `/server_info` and `/generate` are 404. Its prompt cache: a prompt
-seen before reports `cache_n` = its prompt tokens - 1, unless the request says `cache_prompt: false`. With
-speculation the first token comes from the prompt pass and every later step is a verify step, reported as
-`timings.draft_n` (num_steps per verify step) and `draft_n_accepted` (the step's tokens - 1).
+(docs/bench.md "The simulated server"; the tests of bench and crossover start it the same way.)
+
+`--flavour llamacpp` is a thin stand-in for llama.cpp's `llama-server`, for fast unit tests of the bench's client side
+only: it copies llama.cpp's event shapes (docs/bench.md, "Against a real engine"), not llama.cpp's behaviour (the real
+server is covered by the tests with a real llama-server). It sends one event per token; a completions stream ends with
+an event holding `choices` (empty text, a finish_reason), `usage` and `timings`; a chat stream has a role event
+(`content: null`), one `delta.content` event per token, a finish event with an empty delta, and a usage event (`choices:
+[]`, `usage`, `timings`) only with `include_usage`; `continuous_usage_stats` is ignored. `/props`, `/slots` and
+`/metrics` (`llamacpp:` names, counters updated when a request is released) answer; `/get_server_info`, `/server_info`
+and `/generate` are 404. Its prompt cache: a prompt seen before reports `cache_n` = its prompt tokens - 1, unless the
+request says `cache_prompt: false`. With speculation the first token comes from the prompt pass and every later step is
+a verify step, reported as `timings.draft_n` (num_steps per verify step) and `draft_n_accepted` (the step's tokens - 1).
 """
 
 from __future__ import annotations
@@ -572,8 +573,26 @@ def _respond(writer: asyncio.StreamWriter, status: int, body: object, content_ty
 _ms = argtypes.real(0, 60_000, unit="of milliseconds")  # a step's modelled cost, finite (argtypes.py)
 
 
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`sm120check mock-server`: this server, for trying `bench` and `crossover` without a GPU."""
+    parser = subparsers.add_parser(
+        "mock-server",
+        help="a simulated SGLang/llama.cpp server with a known speculation crossover (no GPU)",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _arguments(parser)
+    parser.set_defaults(handler=lambda args: _run(parser, args))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sm120check.bench.simserver", description=__doc__.split("\n\n")[0])
+    """`python -m sm120check.bench.simserver`, the same as `sm120check mock-server`."""
+    parser = argparse.ArgumentParser(prog="sm120check mock-server", description=__doc__.split("\n\n")[0])
+    _arguments(parser)
+    return _run(parser, parser.parse_args(argv))
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("plain", "spec"), default="plain")
     parser.add_argument(
         "--port", type=argtypes.whole(0, 65535), default=0, help="0 picks a free port (printed on stdout)"
@@ -606,7 +625,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-seconds", type=argtypes.seconds, default=3600.0, help="exit after this long (a bound, not a hang)"
     )
-    args = parser.parse_args(argv)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         model = SimModel(
             mode=args.mode,

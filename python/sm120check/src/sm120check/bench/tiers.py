@@ -195,7 +195,3 @@ def to_json(p: TierPlan, launch: StaticLaunch | None) -> dict[str, object]:
         "static_launch": static_json(launch) if launch is not None else None,
         "notes": list(p.notes),
     }
-
-
-def _str_keys(measured: Mapping[int, float]) -> dict[str, float]:
-    return {str(k): v for k, v in measured.items()}

@@ -416,11 +416,6 @@ def _read_manifest(tar: tarfile.TarFile, bundle: Path) -> BundleManifest:
     return parse_manifest(raw, str(bundle))
 
 
-def read_manifest(bundle: Path) -> BundleManifest:
-    with _open(bundle) as tar:
-        return _read_manifest(tar, bundle)
-
-
 def _node_problem(exc: OSError, path: Path) -> CacheProblem:
     """What this node lacks, naming the path: the bundle is not at fault."""
     where = exc.filename or path

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, fields
 from importlib import metadata
 from pathlib import Path
 
+from sm120check import versions
 from sm120check.jitcache import layout
 from sm120check.jitcache.layout import ARCH_LIST_ENV
 from sm120check.jitcache.ninja import find_ninja, ninja_version
@@ -176,7 +177,7 @@ def arch_dir(arch_list: str | None, capabilities: Sequence[str], cuda_release: s
             f"no GPU visible and {ARCH_LIST_ENV} unset: declare the JIT target, e.g. --arch-list 12.0f "
             f"(role variable flashinfer_jit_arch_list)"
         )
-    major, minor = (int(part) for part in cuda_release.split(".")[:2])
+    major, minor = versions.parse(cuda_release)[:2]
     return layout.arch_dir(layout.jit_targets(capabilities, arch_list or None, (major, minor)))
 
 

@@ -19,7 +19,6 @@ from sm120check import versions
 from sm120check.sglang.launch_terms import printable
 
 ENV_ENABLE = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
-ENV_MAX_NUMEL = "SGLANG_PCIE_IPC_MAX_NUMEL"
 FIRST_RELEASE = "0.5.22"  # the first release with pcie_ipc_ar.py (0.5.16 has none)
 PCIE_IPC_FILE = "srt/distributed/device_communicators/pcie_ipc_ar.py"
 PARALLEL_STATE_FILE = "srt/distributed/parallel_state.py"

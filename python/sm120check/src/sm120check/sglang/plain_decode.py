@@ -354,17 +354,3 @@ def evidence(lines: list[str]) -> SwitchEvidence | None:
     plain, spec = found["plain"], found["speculative"]
     assert isinstance(plain, dict) and isinstance(spec, dict) and isinstance(found["decode_batches"], int)
     return SwitchEvidence(ready, found["decode_batches"], dict(plain), dict(spec))
-
-
-def upstream_diff(original: str, version: str) -> str:
-    """The switch alone as a unified diff against the release's worker (a/ and b/ rooted at the sglang package's
-    parent, `git apply` and `patch -p1` take it from site-packages or a checkout's python/ folder)."""
-    import difflib
-
-    patched = add_switch(original, version)
-    name = f"sglang/{PATH}"
-    return "".join(
-        difflib.unified_diff(
-            original.splitlines(keepends=True), patched.splitlines(keepends=True), f"a/{name}", f"b/{name}"
-        )
-    )

@@ -24,8 +24,6 @@ PATH = "srt/layers/flashinfer_comm_fusion.py"
 SIZES_FUNCTION = "_flashinfer_trtllm_workspace_allocation_sizes"
 PREFLIGHT_FUNCTION = "_preflight_check_workspace_memory"
 MULTICAST_QUERY = "cuMulticastGetGranularity"
-# The log line SGLang writes when the probe raises (the multicast query fails), as in its source.
-SKIP_MESSAGE = "FlashInfer workspace preflight probe failed (%s). Skipping allreduce fusion."
 # FlashInfer's TRT-LLM workspace is non-multicast (SymmDeviceMemory(enable_multicast=False)) from this release on.
 FLASHINFER_NON_MULTICAST = (0, 6, 17)
 # Majors whose `auto` fusion backend is TRT-LLM (SM90, SM120); SM10x resolves to MNNVL, which does use multicast.

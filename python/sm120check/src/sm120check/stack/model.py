@@ -8,7 +8,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from sm120check.stack.pep440 import canonical_name
+from sm120check import versions
+from sm120check.stack.dist import canonical_name
 
 NCCL_WHEEL = "nvidia-nccl-cu13"
 CUDA_TOOLKIT_WHEEL = "cuda-toolkit"
@@ -39,7 +40,7 @@ class Target:
 
     def platforms(self) -> tuple[str, ...]:
         """Every manylinux tag a wheel for this node may carry, newest first (pip expands only its own platform)."""
-        major, minor = (int(p) for p in self.glibc.split(".")[:2])
+        major, minor = versions.parse(self.glibc)[:2]
         tags = [f"manylinux_{major}_{m}_{self.arch}" for m in range(minor, 16, -1)]
         return (*tags, f"manylinux2014_{self.arch}", f"linux_{self.arch}")
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sm120check import bounded
+from sm120check.stack.dist import canonical_name
 from sm120check.stack.model import Sources, Target, WheelMetadata
-from sm120check.stack.pep440 import canonical_name
 
 DEFAULT_TIMEOUT = 600.0
 # pip's words when it could not reach an index: retries after a broken connection, a fetch that failed.

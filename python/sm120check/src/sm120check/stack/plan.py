@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sm120check.stack import pep440, pip, resolve
+from sm120check.stack import dist, pip, resolve
 from sm120check.stack.model import (
     CUDA_TOOLKIT_WHEEL,
     FLASHINFER,
@@ -66,10 +66,10 @@ def parse_sets(words: list[str]) -> dict[str, str]:
         if not sep or not name.strip() or not version.strip():
             raise PlanError(f"--set {word!r}: write NAME=VERSION, e.g. --set torch=2.15.0")
         try:
-            pep440.parse(version)
+            dist.version(version)
         except ValueError as exc:
             raise PlanError(f"--set {word!r}: {exc}") from None
-        out[pep440.canonical_name(name.strip())] = version.strip()
+        out[dist.canonical_name(name.strip())] = version.strip()
     return out
 
 
@@ -79,29 +79,29 @@ def _with(stack: Stack, name: str, version: str) -> Stack:
         return replace(stack, nccl_version=version)
     if name == CUDA_TOOLKIT_WHEEL:
         return replace(stack, cuda_version=version)
-    components = {pep440.canonical_name(n): n for n in stack.cuda_components}
+    components = {dist.canonical_name(n): n for n in stack.cuda_components}
     if name in components:
         return replace(stack, cuda_components={**stack.cuda_components, components[name]: version})
-    packages = {pep440.canonical_name(n): n for n in stack.python_packages}
+    packages = {dist.canonical_name(n): n for n in stack.python_packages}
     return replace(stack, python_packages={**stack.python_packages, packages[name]: version})
 
 
 def _value(stack: Stack, name: str) -> str:
     if name == CUDA_TOOLKIT_WHEEL:
         return stack.cuda_version
-    components = {pep440.canonical_name(n): str(v) for n, v in stack.cuda_components.items()}
+    components = {dist.canonical_name(n): str(v) for n, v in stack.cuda_components.items()}
     return components.get(name) or stack.pins()[name]
 
 
 def _known(stack: Stack) -> set[str]:
-    return {*stack.pins(), CUDA_TOOLKIT_WHEEL, *(pep440.canonical_name(n) for n in stack.cuda_components)}
+    return {*stack.pins(), CUDA_TOOLKIT_WHEEL, *(dist.canonical_name(n) for n in stack.cuda_components)}
 
 
 def _minor(version: str) -> tuple[int, int]:
-    return pep440.parse(version).minor()
+    return dist.minor(version)
 
 
-def _holds(name: str, spec: pep440.Specifier, value: str) -> bool:
+def _holds(name: str, spec: dist.Specifier, value: str) -> bool:
     """The toolkit is held by its minor (a CUDA 13.0 runtime beside toolkit 13.0.1 is one release line)."""
     exact = spec.exact()
     if name == CUDA_TOOLKIT_WHEEL and exact is not None:
@@ -143,7 +143,7 @@ def plan(
             moved = wheel.name in moves
             for line in wheel.requires:
                 try:
-                    req = pep440.requirement(line)
+                    req = dist.requirement(line)
                 except ValueError:
                     continue
                 if wheel.name == CUDA_TOOLKIT_WHEEL:
@@ -188,7 +188,7 @@ def plan(
 
 
 def _satisfied_now(after: Stack, blocker: Problem) -> bool:
-    req = pep440.requirement(blocker.requirement)
+    req = dist.requirement(blocker.requirement)
     name, version = blocker.wheel.rsplit(" ", 1)
     pins = after.pins()
     if pins.get(name, version) != version:
@@ -196,7 +196,7 @@ def _satisfied_now(after: Stack, blocker: Problem) -> bool:
     return req.name in _known(after) and _holds(req.name, req.specifier, _value(after, req.name))
 
 
-def _blocker(stack: Stack, wheel: str, version: str, req: pep440.Requirement, value: str, moved: bool) -> Problem:
+def _blocker(stack: Stack, wheel: str, version: str, req: dist.Requirement, value: str, moved: bool) -> Problem:
     variable = stack.where(req.name)
     if moved:
         fix = f"--set {req.name} to a version in {req.specifier.text}, or pick another {wheel}"
@@ -210,9 +210,9 @@ def _blocker(stack: Stack, wheel: str, version: str, req: pep440.Requirement, va
     return Problem(f"{wheel} {version}", req.short(), variable, value, why, fix)
 
 
-def _move_component(after: Stack, stack: Stack, toolkit: str, req: pep440.Requirement, moves: dict[str, Move]) -> bool:
+def _move_component(after: Stack, stack: Stack, toolkit: str, req: dist.Requirement, moves: dict[str, Move]) -> bool:
     """cuda-toolkit's metadata names each component at its release (`nvidia-cuda-nvcc==13.2.86.*; extra == ...`)."""
-    components = {pep440.canonical_name(n): str(v) for n, v in after.cuda_components.items()}
+    components = {dist.canonical_name(n): str(v) for n, v in after.cuda_components.items()}
     exact = req.specifier.exact()
     if req.name not in components or exact is None or req.name in moves or exact == components[req.name]:
         return False
@@ -225,7 +225,7 @@ def _move_component(after: Stack, stack: Stack, toolkit: str, req: pep440.Requir
 
 
 def _components_after(after: Stack, moves: Mapping[str, Move]) -> Stack:
-    for name in [pep440.canonical_name(n) for n in after.cuda_components]:
+    for name in [dist.canonical_name(n) for n in after.cuda_components]:
         if name in moves and _value(after, name) != moves[name].new:
             after = _with(after, name, moves[name].new)
     return after
@@ -234,7 +234,7 @@ def _components_after(after: Stack, moves: Mapping[str, Move]) -> Stack:
 def _move_companions(stack: Stack, after: Stack, moves: dict[str, Move]) -> bool:
     if FLASHINFER not in moves:
         return False
-    version = pep440.parse(moves[FLASHINFER].new).public
+    version = dist.public(moves[FLASHINFER].new)
     changed = False
     for companion in FLASHINFER_COMPANIONS:
         if companion in after.pins() and companion not in moves and after.pins()[companion] != version:

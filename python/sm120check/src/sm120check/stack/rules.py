@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from sm120check.stack import pep440
+from sm120check.stack import dist
 from sm120check.stack.model import (
     CUDA_TOOLKIT_WHEEL,
     FLASHINFER,
@@ -28,7 +28,7 @@ RUNTIME_WHEELS = ("nvidia-cuda-runtime", "nvidia-cuda-nvrtc")
 
 
 def _minor(version: str) -> str:
-    major, minor = pep440.parse(version).minor()
+    major, minor = dist.minor(version)
     return f"{major}.{minor}"
 
 
@@ -39,13 +39,13 @@ def _plan_hint(name: str, version: str) -> str:
 def requirement_problems(stack: Stack, wheels: Sequence[WheelMetadata]) -> list[Problem]:
     """Every requirement of the pinned wheels that the manifest's other pins break."""
     pins = stack.pins()
-    components = {pep440.canonical_name(n): str(v) for n, v in stack.cuda_components.items()}
+    components = {dist.canonical_name(n): str(v) for n, v in stack.cuda_components.items()}
     problems: list[Problem] = []
     for wheel in wheels:
         who = f"{wheel.name} {wheel.version}"
         for line in wheel.requires:
             try:
-                req = pep440.requirement(line)
+                req = dist.requirement(line)
             except ValueError:
                 continue  # a URL requirement or a form pip alone reads: pip's resolution judges it
             if not req.applies() or req.name == wheel.name:
@@ -59,14 +59,14 @@ def requirement_problems(stack: Stack, wheels: Sequence[WheelMetadata]) -> list[
     return problems + companion_problems(stack, pins)
 
 
-def _same_minor_or_contains(req: pep440.Requirement, version: str) -> bool:
+def _same_minor_or_contains(req: dist.Requirement, version: str) -> bool:
     exact = req.specifier.exact()
     if exact is not None:
         return _minor(exact) == _minor(version)
     return req.specifier.contains(version)
 
 
-def _toolkit_problem(stack: Stack, who: str, req: pep440.Requirement) -> list[Problem]:
+def _toolkit_problem(stack: Stack, who: str, req: dist.Requirement) -> list[Problem]:
     exact = req.specifier.exact()
     if exact is not None and _minor(exact) == _minor(stack.cuda_version):
         return []
@@ -92,7 +92,7 @@ def _toolkit_problem(stack: Stack, who: str, req: pep440.Requirement) -> list[Pr
     ]
 
 
-def _component_problem(stack: Stack, who: str, req: pep440.Requirement, pinned: str) -> Problem:
+def _component_problem(stack: Stack, who: str, req: dist.Requirement, pinned: str) -> Problem:
     return Problem(
         wheel=who,
         requirement=req.short(),
@@ -103,7 +103,7 @@ def _component_problem(stack: Stack, who: str, req: pep440.Requirement, pinned: 
     )
 
 
-def _pin_problem(stack: Stack, wheel: WheelMetadata, req: pep440.Requirement, pinned: str) -> Problem:
+def _pin_problem(stack: Stack, wheel: WheelMetadata, req: dist.Requirement, pinned: str) -> Problem:
     variable = stack.where(req.name)
     exact = req.specifier.exact()
     if req.name == NCCL_WHEEL:
@@ -137,15 +137,15 @@ def companion_problems(stack: Stack, versions: Mapping[str, str]) -> list[Proble
     problems = []
     for companion in FLASHINFER_COMPANIONS:
         have = versions.get(companion)
-        if have is not None and pep440.parse(have).public != pep440.parse(flashinfer).public:
+        if have is not None and dist.public(have) != dist.public(flashinfer):
             problems.append(
                 Problem(
                     wheel=f"{FLASHINFER} {flashinfer}",
-                    requirement=f"{companion}=={pep440.parse(flashinfer).public}",
+                    requirement=f"{companion}=={dist.public(flashinfer)}",
                     variable=stack.where(companion),
                     pinned=have,
                     why=f"{companion} ships with each FlashInfer release at that release's version",
-                    fix=f'set {stack.where(companion)} to "{pep440.parse(flashinfer).public}"',
+                    fix=f'set {stack.where(companion)} to "{dist.public(flashinfer)}"',
                 )
             )
     return problems

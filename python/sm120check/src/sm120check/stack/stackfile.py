@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120check import bounded
-from sm120check.stack import pep440
+from sm120check.stack import dist
 from sm120check.stack.model import WHERE, Stack
 
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.\-]+|\"[^\"]+\"|'[^']+'):(?P<rest>.*)$")
@@ -136,7 +136,7 @@ def _version(value: object, where: str, pep: bool = True) -> str:
     text = str(value)
     if pep:
         try:
-            pep440.parse(text)
+            dist.version(text)
         except ValueError as exc:
             raise StackFileError(f"{where}: {exc}; set it in {WHERE}") from None
     return text

@@ -1,5 +1,6 @@
-"""What an SGLang server says about its own decoding: the "Decode batch" lines its scheduler logs every
-`--decode-log-interval` steps (SGLang 0.5.16 `managers/scheduler_components/metrics_reporter.py`).
+"""Test support (the GPU tests and their recorded logs): what an SGLang server says about its own decoding, the
+"Decode batch" lines its scheduler logs every `--decode-log-interval` steps (SGLang 0.5.16
+`managers/scheduler_components/metrics_reporter.py`).
 
 A line reads, for example (the server's own text; the accept fields only with speculation):
 
