@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import time
@@ -232,3 +233,18 @@ def test_a_schedule_that_runs_out_closes_the_window_at_the_last_measured_request
     records, t0, t1, timed_out, stats = run(sim, plan)
     assert not timed_out and (stats.arrivals, stats.measured, stats.tail) == (4, 1, 0)
     assert t0 is not None and t1 is not None and len([r for r in records if not r.warmup]) == 1
+
+
+def test_the_schedule_names_warm_up_measured_and_tail_arrivals() -> None:
+    plan = RatePlan(Arrivals(10.0, 1.0, seed=0), requests=3, warmup=2)
+    roles = [
+        "tail" if a.tail else "measured" if a.measured else "warm-up"
+        for a in itertools.islice(openloop._schedule(plan), 7)
+    ]
+    assert roles == ["warm-up", "warm-up", "measured", "measured", "measured", "tail", "tail"]
+
+
+def test_a_duration_level_measures_the_arrivals_inside_it_from_the_first_measured_one() -> None:
+    plan = RatePlan(Arrivals(10.0, math.inf, seed=0), duration=0.25, warmup=1)  # constant gaps of 0.1 s
+    first = list(itertools.islice(openloop._schedule(plan), 6))
+    assert [(a.measured, a.tail) for a in first] == [(False, False), *[(True, False)] * 3, (False, True), (False, True)]
