@@ -28,14 +28,14 @@ from comm_answers import (
     topology_evidence,
 )
 
-from sm120check.comm.flashinfer_release import fusion_support
 from sm120check.doctor import facts, remedies
-from sm120check.doctor.checks import comm
 from sm120check.doctor.child import ChildOutcome
+from sm120check.doctor.comm import collectives as comm
+from sm120check.doctor.comm.nccl_payload import NcclRank
+from sm120check.doctor.comm.topology_payload import AcsEvidence, CommandText
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
-from sm120check.doctor.payloads.nccl import NcclRank
-from sm120check.doctor.payloads.topology import AcsEvidence, CommandText
+from sm120check.jitcache.flashinfer_release import fusion_support
 
 
 def gpu(index: int, name: str = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", cc: str = "12.0") -> Gpu:

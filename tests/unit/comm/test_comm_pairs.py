@@ -16,16 +16,18 @@ from typing import Any
 import pytest
 
 from sm120check.doctor import remedies
-from sm120check.doctor.checks import all_checks, pairs
+from sm120check.doctor.catalogue import all_checks
 from sm120check.doctor.child import ChildOutcome
-from sm120check.doctor.health import load, stress
-from sm120check.doctor.health.payloads import PeerLink
-from sm120check.doctor.health.peer import PeerGpu
+from sm120check.doctor.comm import pairs
+from sm120check.doctor.comm import stress_copies as stress
+from sm120check.doctor.comm.peer_copies import PeerGpu
+from sm120check.doctor.comm.peer_stress_payload import StressAnswer, StressSource, StressTarget
+from sm120check.doctor.gpu import load
+from sm120check.doctor.gpu.payloads import PeerLink
 from sm120check.doctor.model import Status
-from sm120check.doctor.payloads import PayloadError
-from sm120check.doctor.payloads.nccl_pair import PairRun
-from sm120check.doctor.payloads.peer_stress import StressAnswer, StressSource, StressTarget
-from sm120check.doctor.probes import nccl_pair
+from sm120check.doctor.payload import PayloadError
+from sm120check.doctor.pcie_p2p import nccl_pair_probe as nccl_pair
+from sm120check.doctor.pcie_p2p.nccl_pair_payload import PairRun
 
 HERE = Path(__file__).parent
 # An 8-GPU box with two root complexes (the collapse report's topology: GPUs 0-3 behind 00:01.1, 4-7 behind 20:01.1).

@@ -28,13 +28,16 @@ import yaml
 from lab.stand_ins import nccl_stand_in_venv
 from sm120check import __version__, manifest
 from sm120check.doctor import child, facts, loader, nvrtc_api
-from sm120check.doctor.checks import abi, driver, env, stack, toolkit, torch
-from sm120check.doctor.checks import nvrtc as nvrtc_checks
-from sm120check.doctor.checks import platform as platform_checks
+from sm120check.doctor.cuda_env import env
+from sm120check.doctor.cuda_toolkit import nvrtc as nvrtc_checks
+from sm120check.doctor.cuda_toolkit import toolkit
+from sm120check.doctor.gpu.nvml_info_payload import NvmlAnswer
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
-from sm120check.doctor.payloads.nvml_info import NvmlAnswer
-from sm120check.doctor.payloads.torch_info import TorchInfo
+from sm120check.doctor.preflight import driver
+from sm120check.doctor.preflight import platform as platform_checks
+from sm120check.doctor.python_stack import abi, stack, torch
+from sm120check.doctor.python_stack.torch_info_payload import TorchInfo
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -293,7 +296,7 @@ def doc_table() -> dict[str, str]:
 
 
 def test_the_docs_table_lists_exactly_the_schema_fields_and_real_checks() -> None:
-    from sm120check.doctor.checks import all_checks
+    from sm120check.doctor.catalogue import all_checks
 
     table = doc_table()
     assert set(table) == schema_fields()

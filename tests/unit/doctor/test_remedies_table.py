@@ -42,7 +42,7 @@ PASS_THROUGH: Mapping[tuple[str, str], str] = {
     ("runner.py", "prior.remedy"): "a prerequisite's Result, passed to the check that skips for it",
     ("comm.py", "gate.remedy"): "flashinfer_release.FusionGate: the FlashInfer upgrade its gate names",
     ("sglang_comm.py", "c.remedy"): "a Choice: its remedy is judged at each Choice(...) call",
-    ("health.py", "verdict.remedy"): "a health Verdict: judged at each Verdict(...) call in health/verdicts.py",
+    ("health.py", "verdict.remedy"): "a health Verdict: judged at each Verdict(...) call in node_health/verdicts.py",
 }
 
 # The table's names: its strings and the functions it defines (not what it imports).

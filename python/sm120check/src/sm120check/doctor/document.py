@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sm120check.doctor.model import Result, Status
-from sm120check.doctor.payloads import Fields, PayloadError
+from sm120check.doctor.payload import Fields, PayloadError
 
 JSON_SCHEMA = 1
 TOOL = "sm120check doctor"

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sm120check.doctor import child
-from sm120check.doctor.health import load
-from sm120check.doctor.health.nvml_health import Nvml
+from sm120check.doctor.gpu import load
+from sm120check.doctor.gpu.nvml_health import Nvml
 from sm120check.doctor.nvml_api import NvmlUnavailable
 
 SPIN_S = 5.0

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from sm120check.doctor import child
-from sm120check.doctor.health.nvml_health import SUCCESS, Nvml
+from sm120check.doctor.gpu.nvml_health import SUCCESS, Nvml
 from sm120check.doctor.nvml_api import NvmlUnavailable
 from sm120check.soak.samples import GpuSample, SamplerNote, XidSample, to_line
 

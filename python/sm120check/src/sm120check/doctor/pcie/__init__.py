@@ -4,5 +4,5 @@ ACS control from `lspci -vvv`, and the `pcie_p2p` role's reboot-pending fact fil
 
 Readers only: each module reads one source, bounded, treating every file as possibly hostile (a reader returns why
 it could not read, never raises on garbage), with the sysfs root and the commands injectable (`node.read`). The
-`iommu` and `pcie_acs` checks (checks/pcie.py) judge the typed `node.PcieFacts`.
+`iommu` and `pcie_acs` checks (pcie_p2p/fabric.py) judge the typed `node.PcieFacts`.
 """

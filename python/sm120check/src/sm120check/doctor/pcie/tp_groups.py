@@ -21,7 +21,7 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sm120check.doctor.payloads import Fields, PayloadError
+from sm120check.doctor.payload import Fields, PayloadError
 from sm120check.doctor.pcie.sysfs import SysGpu
 
 TP_SIZES = (2, 4, 8)

@@ -1,0 +1,186 @@
+"""Level 3: what SGLang itself turns on at launch on this node (fusion, symmetric memory), run from its own code.
+
+The `comm` checks prove FlashInfer and torch work here; this one runs the stack venv's SGLang (patched or not)
+in rank processes: its workspace preflight, `TorchSymmMemCommunicator` and fused allreduce + residual + RMSNorm
+(probe `sm120check.doctor.sglang_sm120.sglang_comm_probe`), and says what a server started now would choose, with SGLang's
+own log line when it would turn something off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from sm120check.doctor import remedies
+from sm120check.doctor.child import run_probe
+from sm120check.doctor.comm.collectives import (
+    FUSION_TOLERANCE,
+    _stack,
+    child_failure,
+    gpu_arg,
+    selected_gpus,
+    with_evidence,
+)
+from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.payload import PayloadError
+from sm120check.doctor.sglang_sm120.sglang_comm_payload import SglangCommAnswer, SglangRank
+
+CHECK_ID = "sglang_comm"
+FAMILY = "sglang_sm120"
+
+
+class SglangComm:
+    """SGLang's own workspace preflight, TorchSymmMemCommunicator and fused allreduce + residual + RMSNorm on the
+    selected GPUs: whether a server started now runs fused and with symmetric memory, and SGLang's reason if not."""
+
+    id: ClassVar[str] = CHECK_ID
+    family: ClassVar[str] = FAMILY
+    level: ClassVar[int] = 3
+    requires: ClassVar[tuple[str, ...]] = ("driver", "torch")
+    uses: ClassVar[tuple[str, ...]] = ()
+
+    def run(self, ctx: Context) -> Result:
+        gpus = selected_gpus(ctx, self.id, need_torch=True)
+        if isinstance(gpus, Result):
+            return _retag(gpus)
+        packages = ctx.facts.distributions
+        if "sglang" not in packages:
+            return _skip_sglang("SGLang is not installed in the stack venv", remedies.FULL_PROFILE)
+        args = ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
+        outcome = run_probe(
+            "sm120check.doctor.sglang_sm120.sglang_comm_probe", args, timeout=ctx.timeout, **_stack(ctx)
+        )
+        if not outcome.ok:
+            return _retag(child_failure(self.id, "SGLang communication probe", outcome, remedies.SGLANG_PATCH_RERUN))
+        try:
+            answer = SglangCommAnswer.from_json(outcome.data)
+        except PayloadError as exc:
+            summary = f"the SGLang communication probe printed a malformed answer: {exc}"
+            return _fail(summary, remedies.SGLANG_PROBE_MALFORMED)
+        return _retag(with_evidence(judge_sglang_comm(answer), {"evidence": answer.evidence}))
+
+
+def _retag(result: Result) -> Result:
+    """Results built by the comm helpers carry their family; this check belongs to `sglang_sm120`."""
+    return dataclasses.replace(result, family=FAMILY)
+
+
+def _result(status: Status, summary: str, **kw: Any) -> Result:
+    return Result(CHECK_ID, status, summary, family=FAMILY, level=3, **kw)
+
+
+def _skip_sglang(summary: str, remedy: str) -> Result:
+    return _result(Status.SKIP, summary, remedy=remedy)
+
+
+def _fail(summary: str, remedy: str, details: str = "", data: Mapping[str, Any] | None = None) -> Result:
+    return _result(Status.FAIL, summary, remedy=remedy, details=details, data=dict(data or {}))
+
+
+def _first(lines: Sequence[str], *needles: str) -> str:
+    return next((line for line in lines if any(n in line for n in needles)), lines[0] if lines else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One thing a server started now would turn on or off, SGLang's reason, and the fix."""
+
+    name: str  # "allreduce fusion" or "symmetric memory"
+    on: bool
+    evidence: str
+    remedy: str = ""
+
+
+def _fusion_choice(ranks: Sequence[SglangRank], logs: Sequence[str]) -> tuple[Choice, dict[str, float]]:
+    preflight = [r.preflight for r in ranks]
+    if all(p is not None and p.present for p in preflight) and not all(p is not None and p.ok for p in preflight):
+        line = _first(logs, "preflight") or "the workspace preflight said no"
+        failed_query = "probe failed" in line or any(p is not None and p.sizes_error for p in preflight)
+        remedy = remedies.SGLANG_PATCH_RERUN if failed_query else remedies.GPU_MEMORY
+        return Choice("allreduce fusion", False, f"SGLang: {line}", remedy), {}
+    if len(ranks) < 2:
+        return Choice("allreduce fusion", True, "workspace preflight passed (one GPU: no fused run)"), {}
+    fusion = [r.fusion for r in ranks]
+    ran = [f for f in fusion if f is not None and f.ran]
+    if len(ran) < len(fusion):
+        not_run = next(f for f in fusion if f is None or not f.ran)
+        given = not_run.reason if not_run is not None else None
+        reason = given or _first(logs, "fusion", "FlashInfer") or "not run"
+        patchable = "SM90 or SM10X" in reason or "preflight" in reason
+        remedy = remedies.SGLANG_PATCH_RERUN if patchable else remedies.SEE_DETAILS
+        return Choice("allreduce fusion", False, reason, remedy), {}
+    errors = {k: max(f.max_rel_err[k] for f in ran) for k in ran[0].max_rel_err}
+    bad = {k: v for k, v in errors.items() if v > FUSION_TOLERANCE}
+    if bad:
+        worst = max(bad, key=lambda k: bad[k])
+        evidence = f"fused result differs from the reference (rel. error {bad[worst]:.3g} at {worst} tokens)"
+        return Choice("allreduce fusion", False, evidence, remedies.SGLANG_FUSION_WRONG), errors
+    tokens = "/".join(sorted(errors, key=int))
+    return Choice("allreduce fusion", True, f"preflight passed, fused = reference at {tokens} tokens"), errors
+
+
+def _symm_choice(ranks: Sequence[SglangRank], logs: Sequence[str]) -> Choice:
+    symm = [r.symm_mem for r in ranks if r.symm_mem is not None]
+    if any(s.disabled for s in symm):
+        line = _first([x for s in symm for x in s.log], "multicast", "disabl", "symm")
+        evidence = f"SGLang: {line or 'TorchSymmMemCommunicator disabled'}"
+        return Choice("symmetric memory", False, evidence, remedies.SGLANG_PATCH_RERUN)
+    checks = [c for s in symm for c in s.checks]
+    wrong = [c for c in checks if c.ran and not c.ok]
+    if wrong:
+        evidence = f"all_reduce differs from NCCL at {wrong[0].elements} elements"
+        return Choice("symmetric memory", False, evidence, remedies.SGLANG_SYMM_MEM_WRONG)
+    sizes = sorted({c.elements for c in checks if c.ran})
+    if not sizes:
+        evidence = "the communicator took no all_reduce at any size"
+        return Choice("symmetric memory", False, evidence, remedies.SGLANG_PATCH_RERUN)
+    return Choice(
+        "symmetric memory", True, f"all_reduce = NCCL at {len(sizes)} sizes up to {max(sizes) * 2 // 1024} KiB"
+    )
+
+
+def judge_sglang_comm(answer: SglangCommAnswer) -> Result:
+    """The probe's evidence -> one verdict: what SGLang turns on at launch, and why not (pure; tested on records)."""
+    if answer.timed_out or not answer.ok:
+        return _fail(f"SGLang's communication code did not finish: {answer.problem}", remedies.SGLANG_PATCH_RERUN)
+    ranks = answer.ranks
+    if not ranks:
+        return _fail("the SGLang probe returned no ranks", remedies.SGLANG_PATCH_RERUN)
+    version = ranks[0].sglang or "?"
+    logs = [line for r in ranks for line in _lines(r)]
+    fusion, errors = _fusion_choice(ranks, logs)
+    choices = [fusion] + ([_symm_choice(ranks, logs)] if len(ranks) >= 2 else [])
+    skipped = sorted({c.elements for r in ranks if r.symm_mem is not None for c in r.symm_mem.checks if not c.ran})
+    pre = ranks[0].preflight
+    data_out: dict[str, object] = {
+        "sglang": version,
+        "world_size": len(ranks),
+        **{c.name.replace(" ", "_"): "on" if c.on else "off" for c in choices},
+        "preflight_sizes": list(pre.sizes) if pre is not None and pre.sizes is not None else None,
+        "fusion_max_rel_err": errors,
+        "symm_mem_not_taken": skipped,
+    }
+    summary = f"SGLang {version} at launch: " + "; ".join(
+        f"{c.name} {'on' if c.on else 'OFF'} ({c.evidence})" for c in choices
+    )
+    details = "\n".join([*logs, f"sizes the communicator left to NCCL: {skipped}" if skipped else ""]).strip()
+    off = [c for c in choices if not c.on]
+    if off:
+        return _fail(summary, remedies.all_of(*(c.remedy for c in off)), details=details, data=data_out)
+    if len(ranks) < 2:
+        details = "one GPU: SGLang's communicator and fused allreduce need two (tensor parallelism)"
+    return _result(Status.PASS, summary, details=details, data=data_out)
+
+
+def _lines(rank: SglangRank) -> list[str]:
+    """The log lines SGLang wrote in the preflight, the communicator and the fused run, in that order."""
+    sections = (
+        rank.preflight.log if rank.preflight is not None else (),
+        rank.symm_mem.log if rank.symm_mem is not None else (),
+        (rank.fusion.log or ()) if rank.fusion is not None else (),
+    )
+    return [line for section in sections for line in section]
+
+
+CHECKS = (SglangComm,)
