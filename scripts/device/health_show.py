@@ -15,6 +15,7 @@ from pathlib import Path
 
 from sm120check import bounded
 from sm120check.doctor.gpu.payloads import NodeHealth
+from sm120check.doctor.model import Result
 from sm120check.doctor.node_health import sglang_configs, verdicts
 from sm120check.safetext import terminal_text
 
@@ -29,7 +30,7 @@ def _sglang_dir(given: str) -> str:
     return str(Path(spec.origin).parent) if spec is not None and spec.origin else ""
 
 
-def judge(health: NodeHealth, sglang_dir: str = "") -> list[verdicts.Verdict]:
+def judge(health: NodeHealth, sglang_dir: str = "") -> list[Result]:
     gpus = health.gpus
     per_gpu = (
         ("pcie_link", verdicts.pcie_link),

@@ -195,9 +195,12 @@ def test_a_malformed_nvml_answer_is_an_nvml_error_naming_the_field() -> None:
 def test_the_real_probes_print_their_payload_type() -> None:
     """The torch (CPU build in the dev venv) and NVRTC probes run for real here; NVML answers or says why not."""
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    for module, payload in (("torch_info", TorchInfo), ("nvml_info", NvmlAnswer)):
+    for module, payload in (
+        ("sm120check.doctor.python_stack.torch_info_probe", TorchInfo),
+        ("sm120check.doctor.gpu.nvml_info_probe", NvmlAnswer),
+    ):
         out = subprocess.run(
-            [sys.executable, "-m", f"sm120check.doctor.probes.{module}"],
+            [sys.executable, "-m", module],
             capture_output=True, text=True, env=env, timeout=GUARD, check=True,
         ).stdout  # fmt: skip
         data = json.loads(out.strip().splitlines()[-1])

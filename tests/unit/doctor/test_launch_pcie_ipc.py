@@ -24,10 +24,10 @@ from test_launch_honours_p2p import ROOT, clean, nccl_pair_hangs, pcie_results, 
 
 from sm120check.doctor.comm import collectives as comm
 from sm120check.doctor.comm import fusion_probe as fusion
-from sm120check.doctor.comm import pairs
 from sm120check.doctor.comm.topology_payload import AcsEvidence
 from sm120check.doctor.model import Result, Status
 from sm120check.doctor.nvml_api import Gpu
+from sm120check.doctor.pcie_p2p import nccl_pairs as pairs
 from sm120check.doctor.pcie_p2p.nccl_pair_payload import PairRun
 from sm120check.jitcache.flashinfer_release import fusion_support
 

@@ -28,6 +28,7 @@ import yaml
 from lab.stand_ins import nccl_stand_in_venv
 from sm120check import __version__, manifest
 from sm120check.doctor import child, facts, loader, nvrtc_api
+from sm120check.doctor.catalogue import all_checks
 from sm120check.doctor.cuda_env import env
 from sm120check.doctor.cuda_toolkit import nvrtc as nvrtc_checks
 from sm120check.doctor.cuda_toolkit import toolkit
@@ -312,8 +313,8 @@ def test_only_the_named_check_reads_each_cuda_and_nccl_field(field: str) -> None
     """The issue's bug: cuda.lib_dir read by two checks, nccl.lib_dir by none. Each is read by one check module."""
     pattern = re.compile(rf"\.{re.escape(field)}\b")
     readers = sorted(
-        p.stem for p in (ROOT / "python/sm120check/src/sm120check/doctor/checks").glob("*.py") if pattern.search(
-            p.read_text(encoding="utf-8"))
+        p.stem for p in {Path(sys.modules[type(c).__module__].__file__ or "") for c in all_checks()}
+        if pattern.search(p.read_text(encoding="utf-8"))
     )  # fmt: skip
     owner = doc_table()[field]
     assert readers == [Path(CHECK_MODULES[owner].__file__ or "").stem]

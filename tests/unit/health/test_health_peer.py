@@ -336,7 +336,7 @@ def test_doctor_level_3_does_not_fail_because_of_it_here() -> None:
 def test_a_hung_peer_probe_fails_naming_the_probe_the_timeout_and_its_last_step() -> None:
     """The outcome a killed child gives (its stderr with the step marks the probe printed): one FAIL, level 3."""
     from sm120check.doctor import child
-    from sm120check.doctor.comm.collectives import child_failure
+    from sm120check.doctor.probecheck import child_failure
 
     hung = child.ChildOutcome(
         ok=False,

@@ -227,9 +227,9 @@ def comm_select(check: str) -> str:
     return f"add `--select {check}`"
 
 
-def comm_malformed(probe: str) -> str:
-    """A communication probe printed an answer that does not fit its payload type."""
-    return f"report it to the sm120kit maintainers with the probe's output (python -m sm120check.doctor.probes.{probe})"
+def comm_malformed(module: str) -> str:
+    """A communication probe (the child module `module`) printed an answer that does not fit its payload type."""
+    return f"report it to the sm120kit maintainers with the probe's output (python -m {module})"
 
 
 def nccl_upgrade(version: str) -> str:

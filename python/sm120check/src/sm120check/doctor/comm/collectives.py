@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from sm120check.doctor import nccl_floor, remedies
-from sm120check.doctor.child import ChildOutcome, probe_env, run_probe
+from sm120check.doctor.child import probe_env, run_probe
+from sm120check.doctor.collective_payload import FUSION_TOLERANCE
 from sm120check.doctor.comm import topology_parse
 from sm120check.doctor.comm.fusion_payload import FusionAnswer
 from sm120check.doctor.comm.nccl_payload import NcclAnswer, size_label
@@ -24,17 +25,29 @@ from sm120check.doctor.comm.topology_payload import TopologyEvidence
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu
 from sm120check.doctor.payload import PayloadError
+from sm120check.doctor.probecheck import (
+    Payload,
+    ProbeCheck,
+    capability,
+    gpu_arg,
+    malformed,
+    selected_gpus,
+    stack_child,
+    with_evidence,
+)
 from sm120check.jitcache import flashinfer_release, layout
 from sm120check.jitcache import modules as jit_modules
 from sm120check.jitcache.ninja import dry_run, find_ninja
 
 FAMILY = "comm"
-PROBES = "sm120check.doctor.probes"
+TOPOLOGY_PROBE = "sm120check.doctor.comm.topology_probe"
+NCCL_PROBE = "sm120check.doctor.comm.nccl_probe"
+SYMM_MEM_PROBE = "sm120check.doctor.comm.symm_mem_probe"
+FUSION_PROBE = "sm120check.doctor.comm.fusion_probe"
 SIZES_NOTE = "x 7168 bf16"
 P2P_REMEDY = remedies.COMM_P2P
 JIT_TIMEOUT_ENV = "SM120CHECK_JIT_TIMEOUT"
 DEFAULT_JIT_TIMEOUT = 900.0  # about twice the cold build of both modules (jitcache.cost: 300-460 s)
-FUSION_TOLERANCE = 2e-2  # bf16 outputs against an fp32 reference
 # Bus bandwidth floor at 64 MiB where the GPUs talk over PCIe: NVSentinel's (NVIDIA/NVSentinel
 # docs/configuration/preflight.md, preflight-nccl-loopback: BW_THRESHOLD_GBPS 150, "set to approx 15 GB/s for PCIe");
 # below it the link is narrow or slow, or P2P is off. NVLink/NVSwitch nodes get no floor here.
@@ -49,58 +62,6 @@ def _result(check_id: str, status: Status, summary: str, **kw: Any) -> Result:
     return Result(check_id, status, summary, family=FAMILY, level=3, **kw)
 
 
-def with_evidence(result: Result, evidence: str | Mapping[str, object]) -> Result:
-    """A failed multi-GPU result carries each failing rank's phase and log tail (Python stacks on a hang).
-    `evidence` is the answer's evidence text (a mapping with an "evidence" entry: sglang_comm's call)."""
-    if not isinstance(evidence, str):
-        evidence = str(evidence["evidence"]) if "evidence" in evidence else ""
-    if result.status is not Status.FAIL or not evidence.strip():
-        return result
-    return dataclasses.replace(result, details=f"{result.details}\n{evidence.strip()}".strip())
-
-
-def malformed(check_id: str, probe: str, exc: PayloadError) -> Result:
-    """A probe answer that does not fit its type: a fail naming the field, never a crash or a silent pass."""
-    return _result(
-        check_id,
-        Status.FAIL,
-        f"the {probe} probe printed a malformed answer: {exc}",
-        remedy=remedies.comm_malformed(probe),
-    )
-
-
-def selected_gpus(ctx: Context, check_id: str, need_torch: bool) -> list[Gpu] | Result:
-    """The GPUs NVML listed (the node's facts) restricted to --gpus, or a skip saying why there is nothing to run on."""
-    for required in ("driver", "torch") if need_torch else ("driver",):
-        prior = ctx.results.get(required)
-        if prior is None:
-            return _skip(check_id, f"prerequisite `{required}` did not run", remedies.comm_select(required))
-        if prior.status in (Status.FAIL, Status.SKIP):
-            return _skip(check_id, f"prerequisite `{required}` {prior.status.value}ed: {prior.summary}", prior.remedy)
-    rows = list(ctx.facts.gpus or ())  # `driver` passed or warned: NVML listed them
-    if ctx.gpus is not None:
-        known = {g.index for g in rows}
-        unknown = [i for i in ctx.gpus if i not in known]
-        if unknown:
-            return _skip(
-                check_id, f"--gpus names {unknown}, the driver sees {sorted(known)}", remedies.COMM_GPU_INDICES
-            )
-        rows = [g for g in rows if g.index in ctx.gpus]
-    if len(rows) < 2:
-        return _skip(check_id, f"needs at least 2 GPUs, {len(rows)} selected", remedies.COMM_TWO_GPUS)
-    return rows
-
-
-def capability(gpu: Gpu) -> str:
-    """The compute capability as FlashInfer and the release tables write it: "12.0"."""
-    return f"{gpu.cc[0]}.{gpu.cc[1]}"
-
-
-def gpu_arg(gpus: Sequence[Gpu]) -> str:
-    """The selected GPUs as a probe's `--gpus` value (NVML indices, \"0,1\")."""
-    return ",".join(str(g.index) for g in gpus)
-
-
 def _fmt_us(latency: Mapping[str, float]) -> str:
     return "/".join(f"{latency[k]:.0f}" for k in sorted(latency, key=int))
 
@@ -109,36 +70,26 @@ def _sizes(latency: Mapping[str, float]) -> str:
     return "/".join(sorted(latency, key=int))
 
 
-def child_failure(check_id: str, what: str, outcome: ChildOutcome, remedy: str) -> Result:
-    """A level-3 probe that hung, died or printed nothing: a FAIL naming the probe, why, and the step it was in."""
-    during = f" during {outcome.step}" if outcome.step else ""
-    return _result(
-        check_id, Status.FAIL, f"{what} {outcome.problem}{during}", details=outcome.stderr_tail[-2000:], remedy=remedy
-    )
-
-
-class Topology:
+class Topology(ProbeCheck[TopologyEvidence]):
     """GPU pairs: P2P capability and link (NVLink or PCIe) from NVML and nvidia-smi, NUMA placement, and the
     settings that break PCIe P2P (IOMMU translation, ACS redirection, GeForce drivers)."""
 
     id: ClassVar[str] = "topology"
     family: ClassVar[str] = FAMILY
-    level: ClassVar[int] = 3
-    requires: ClassVar[tuple[str, ...]] = ("driver",)
-    uses: ClassVar[tuple[str, ...]] = ()
+    probe: ClassVar[str] = TOPOLOGY_PROBE
+    payload: ClassVar[Payload[TopologyEvidence]] = TopologyEvidence
+    answer: ClassVar[str] = "topology"
+    what: ClassVar[str] = "topology probe"
+    remedy: ClassVar[str] = remedies.COMM_TOPOLOGY_PROBE
 
-    def run(self, ctx: Context) -> Result:
-        gpus = selected_gpus(ctx, self.id, need_torch=False)
-        if isinstance(gpus, Result):
-            return gpus
-        outcome = run_probe(f"{PROBES}.topology", ["--gpus", gpu_arg(gpus)], timeout=min(ctx.timeout, 60.0))
-        if not outcome.ok:
-            return child_failure(self.id, "topology probe", outcome, remedies.COMM_TOPOLOGY_PROBE)
-        try:
-            evidence = TopologyEvidence.from_json(outcome.data)
-        except PayloadError as exc:
-            return malformed(self.id, "topology", exc)
-        return judge_topology(evidence, gpus)
+    def timeout(self, ctx: Context, gpus: Sequence[Gpu]) -> float:
+        return min(ctx.timeout, 60.0)
+
+    def args(self, ctx: Context, gpus: Sequence[Gpu]) -> list[str]:
+        return ["--gpus", gpu_arg(gpus)]
+
+    def judge(self, answer: TopologyEvidence, ctx: Context, gpus: Sequence[Gpu]) -> Result:
+        return judge_topology(answer, gpus)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,18 +212,20 @@ class NcclAllreduce:
     requires: ClassVar[tuple[str, ...]] = ("driver", "torch")
     uses: ClassVar[tuple[str, ...]] = ()
 
+    # Its own run, not ProbeCheck's: a probe that died is judged by the answer it left (a hang is retried without
+    # P2P to tell blocked PCIe P2P from a broken NCCL), not reported as a dead child.
     def run(self, ctx: Context) -> Result:
-        gpus = selected_gpus(ctx, self.id, need_torch=True)
+        gpus = selected_gpus(ctx, self.id, need_torch=True, family=FAMILY)
         if isinstance(gpus, Result):
             return gpus
         args = ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
-        outcome = run_probe(f"{PROBES}.nccl", args, timeout=ctx.timeout, **_stack(ctx))
+        outcome = run_probe(NCCL_PROBE, args, timeout=ctx.timeout, **stack_child(ctx))
         answer = None
         if outcome.ok:
             try:
                 answer = NcclAnswer.from_json(outcome.data)
             except PayloadError as exc:
-                return malformed(self.id, "nccl", exc)
+                return malformed(self.id, "nccl", exc, remedies.comm_malformed(NCCL_PROBE), FAMILY)
             if not answer.launch.timed_out:
                 return with_evidence(judge_nccl(answer, len(gpus)), answer.launch.evidence)
         if answer is None and not outcome.timed_out:
@@ -285,10 +238,10 @@ class NcclAllreduce:
                 data=dict(outcome.data),
             )
         retry = run_probe(
-            f"{PROBES}.nccl",
+            NCCL_PROBE,
             ["--gpus", gpu_arg(gpus), "--timeout", "55", "--correctness-only"],
             timeout=60.0,
-            python=_stack(ctx)["python"],
+            python=stack_child(ctx)["python"],
             env={"NCCL_P2P_DISABLE": "1", **probe_env()},
         )
         works_without_p2p = False
@@ -388,28 +341,20 @@ def judge_nccl(answer: NcclAnswer, world_size: int) -> Result:
     return _result(check_id, Status.PASS, summary, details="\n".join(details), data=data)
 
 
-class SymmMem:
+class SymmMem(ProbeCheck[SymmMemAnswer]):
     """torch symmetric memory: rendezvous, multicast_ptr, one-shot and two-shot allreduce checked against NCCL and
     timed beside it; multimem only where multicast exists and is allowed."""
 
     id: ClassVar[str] = "symm_mem"
     family: ClassVar[str] = FAMILY
-    level: ClassVar[int] = 3
     requires: ClassVar[tuple[str, ...]] = ("driver", "torch")
-    uses: ClassVar[tuple[str, ...]] = ()
+    probe: ClassVar[str] = SYMM_MEM_PROBE
+    payload: ClassVar[Payload[SymmMemAnswer]] = SymmMemAnswer
+    answer: ClassVar[str] = "symm_mem"
+    what: ClassVar[str] = "symmetric-memory probe"
+    remedy: ClassVar[str] = P2P_REMEDY
 
-    def run(self, ctx: Context) -> Result:
-        gpus = selected_gpus(ctx, self.id, need_torch=True)
-        if isinstance(gpus, Result):
-            return gpus
-        args = ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
-        outcome = run_probe(f"{PROBES}.symm_mem", args, timeout=ctx.timeout, **_stack(ctx))
-        if not outcome.ok:
-            return child_failure(self.id, "symmetric-memory probe", outcome, P2P_REMEDY)
-        try:
-            answer = SymmMemAnswer.from_json(outcome.data)
-        except PayloadError as exc:
-            return malformed(self.id, "symm_mem", exc)
+    def judge(self, answer: SymmMemAnswer, ctx: Context, gpus: Sequence[Gpu]) -> Result:
         return with_evidence(judge_symm_mem(answer), answer.launch.evidence)
 
 
@@ -458,19 +403,24 @@ def judge_symm_mem(answer: SymmMemAnswer) -> Result:
     )
 
 
-class AllreduceFusion:
+class AllreduceFusion(ProbeCheck[FusionAnswer]):
     """FlashInfer allreduce fusion (kARResidualRMSNorm) on the selected GPUs against allreduce + residual add +
     RMSNorm in torch, fused and unfused latency; backend, JIT target and cold/cached JIT build reported; knows
     which FlashInfer releases have SM120 kernels. Also PcieIpcAllReduceWorkspace (FlashInfer 0.7.0+)."""
 
     id: ClassVar[str] = "allreduce_fusion"
     family: ClassVar[str] = FAMILY
-    level: ClassVar[int] = 3
     requires: ClassVar[tuple[str, ...]] = ("driver", "torch")
-    uses: ClassVar[tuple[str, ...]] = ()
+    probe: ClassVar[str] = FUSION_PROBE
+    payload: ClassVar[Payload[FusionAnswer]] = FusionAnswer
+    answer: ClassVar[str] = "fusion"
+    what: ClassVar[str] = "allreduce-fusion probe"
+    remedy: ClassVar[str] = remedies.COMM_FUSION_PROBE
 
+    # Its own run, not ProbeCheck's: the FlashInfer release gate comes before the probe and the judge reads it, and
+    # the probe's limit depends on whether its JIT modules are cached.
     def run(self, ctx: Context) -> Result:
-        gpus = selected_gpus(ctx, self.id, need_torch=True)
+        gpus = self.select(ctx)
         if isinstance(gpus, Result):
             return gpus
         version = flashinfer_version(ctx)
@@ -490,20 +440,10 @@ class AllreduceFusion:
         all_caps = [capability(g) for g in ctx.facts.gpus or ()]
         cached = predicted_cached(version, all_caps)
         timeout = ctx.timeout if cached else jit_timeout(ctx)
-        args = ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, timeout - 5))]
-        outcome = run_probe(f"{PROBES}.fusion", args, timeout=timeout, **_stack(ctx))
-        if not outcome.ok:
-            return child_failure(self.id, "allreduce-fusion probe", outcome, remedies.COMM_FUSION_PROBE)
-        try:
-            answer = FusionAnswer.from_json(outcome.data)
-        except PayloadError as exc:
-            return malformed(self.id, "fusion", exc)
+        answer = self.ask(ctx, gpus, timeout)
+        if isinstance(answer, Result):
+            return answer
         return with_evidence(judge_fusion(answer, gate, timeout), answer.launch.evidence)
-
-
-def _stack(ctx: Context) -> dict[str, Any]:
-    """Run torch probes with the stack venv's interpreter (the manifest's venv), like the torch check."""
-    return {"python": str(ctx.facts.venv_python), "env": probe_env()}
 
 
 def flashinfer_version(ctx: Context) -> str:

@@ -19,17 +19,14 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from sm120check.doctor import remedies
-from sm120check.doctor.child import run_probe
-from sm120check.doctor.comm.collectives import FAMILY, PROBES, child_failure, gpu_arg, malformed, selected_gpus
+from sm120check.doctor.child import ChildOutcome
 from sm120check.doctor.gpu.payloads import PEER_PROBE, PeerAnswer
 from sm120check.doctor.model import Context, Result
-from sm120check.doctor.node_health import health as health_checks
 from sm120check.doctor.node_health import verdicts
 from sm120check.doctor.nvml_api import Gpu
-from sm120check.doctor.payload import PayloadError
-from sm120check.doctor.pcie import roots, sysfs
-from sm120check.doctor.pcie_p2p import fabric as pcie_checks
+from sm120check.doctor.probecheck import Payload, ProbeCheck, child_failure, fabric_roots, geforce_of, gpu_arg
 
+FAMILY = "comm"
 PROBE_MARGIN_S = 5.0  # the probe stops starting pairs this long before the check's own limit kills it
 
 
@@ -54,48 +51,29 @@ def judge_peer(
         }
         for p in answer.pairs
     ]
-    # the one Verdict -> Result bridge (the remedies table test vets its pass-through of verdict.remedy)
-    result = health_checks.as_result(verdict, {"pairs": pairs})
-    return dataclasses.replace(result, family=FAMILY, level=3)
+    return dataclasses.replace(verdict, data={"pairs": pairs}, family=FAMILY, level=3)
 
 
-class PeerBandwidth:
+class PeerBandwidth(ProbeCheck[PeerAnswer]):
     """Peer copy bandwidth (64 MiB cuMemcpyPeerAsync, median) as writes and as reads, and latency (4-byte copies,
     median) for every ordered pair of the selected GPUs, P2P on or staged through the host; floors from the slower
     GPU's PCIe link; writes below half the reads fail as posted-write collapse, naming the root ports."""
 
     id: ClassVar[str] = "gpu_peer_bandwidth"
     family: ClassVar[str] = FAMILY
-    level: ClassVar[int] = 3
-    requires: ClassVar[tuple[str, ...]] = ("driver",)
-    uses: ClassVar[tuple[str, ...]] = ()
+    probe: ClassVar[str] = "sm120check.doctor.comm.peer_bandwidth_probe"
+    payload: ClassVar[Payload[PeerAnswer]] = PeerAnswer
+    answer: ClassVar[str] = PEER_PROBE
+    what: ClassVar[str] = "the peer-copy probe"
 
-    def run(self, ctx: Context) -> Result:
-        gpus = selected_gpus(ctx, self.id, need_torch=False)
-        if isinstance(gpus, Result):
-            return gpus
-        selected = gpu_arg(gpus)
-        budget = str(max(5.0, ctx.timeout - PROBE_MARGIN_S))
-        outcome = run_probe(f"{PROBES}.peer_bandwidth", ["--gpus", selected, "--timeout", budget], timeout=ctx.timeout)
-        if not outcome.ok:
-            return child_failure(self.id, "the peer-copy probe", outcome, remedies.peer_probe(selected))
-        try:
-            answer = PeerAnswer.from_json(outcome.data)
-        except PayloadError as exc:
-            return malformed(self.id, PEER_PROBE, exc)
+    def args(self, ctx: Context, gpus: Sequence[Gpu]) -> list[str]:
+        return ["--gpus", gpu_arg(gpus), "--timeout", str(max(5.0, ctx.timeout - PROBE_MARGIN_S))]
+
+    def failed(self, outcome: ChildOutcome, gpus: Sequence[Gpu]) -> Result:
+        return child_failure(self.id, self.what, outcome, remedies.peer_probe(gpu_arg(gpus)), FAMILY)
+
+    def judge(self, answer: PeerAnswer, ctx: Context, gpus: Sequence[Gpu]) -> Result:
         return judge_peer(answer, fabric_roots(ctx, gpus), geforce_of(gpus))
-
-
-def fabric_roots(ctx: Context, gpus: Sequence[Gpu]) -> dict[int, str]:
-    """Each selected GPU's root port (NVML index -> BDF), from the run's PCIe read when a `pcie_p2p` check is in the
-    run, else from sysfs here (no lspci: the bridge chain is all this needs)."""
-    view = ctx.facts.pcie.sysfs if ctx.facts.pcie is not None else sysfs.read()
-    return roots.root_ports(view, {g.index: g.bus_id for g in gpus})
-
-
-def geforce_of(gpus: Sequence[Gpu]) -> frozenset[int]:
-    """The GPUs the level-1 checks call "expected, P2P features off": GeForce parts on the stock driver."""
-    return frozenset(g.index for g in gpus if pcie_checks.is_geforce(g.name))
 
 
 CHECKS = (PeerBandwidth,)

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from sm120check.doctor import child, loader, nvrtc_api, remedies, stackenv
+from sm120check.doctor import loader, nvrtc_api, remedies, stackenv
+from sm120check.doctor.cuda_toolkit.nvrtc_verdict import nvrtc_probe_verdict
 from sm120check.doctor.model import Context, Result, Status
 
 NVRTC_TIMEOUT = 30.0  # opening NVRTC and asking its version takes milliseconds
@@ -79,26 +80,6 @@ def nvrtc_verdict(
         f"{summary}, supports sm_120",
         details=f"archs {', '.join(map(str, archs))}; {found}",
         data=data,
-    )
-
-
-def nvrtc_probe_verdict(check_id: str, problem: str, step: str, stderr_tail: str, copies: Sequence[str]) -> Result:
-    """The verdict when the NVRTC probe hung or died (timeout, signal, no JSON): a FAIL naming the step."""
-    during = f" during {step}" if step else ""
-    hung = "hung" if "timed out" in problem else ("crashed" if "killed by" in problem else "failed")
-    lines = [line for line in stderr_tail.strip().splitlines() if not line.startswith(child.STEP_MARK)]
-    evidence = [f"the NVRTC probe (python -m {nvrtc_api.PROBE}) {problem}{during}"]
-    if lines:
-        evidence.append("\n".join(lines[-10:]))
-    if copies:
-        evidence.append(f"copies on disk: {', '.join(copies)}")
-    return Result(
-        check_id,
-        Status.FAIL,
-        f"{nvrtc_api.SONAME} {hung}{during}: the probe {problem}",
-        details="\n".join(evidence),
-        remedy=remedies.nvrtc_hang(nvrtc_api.SONAME),
-        data={"wheel_copies": list(copies)},
     )
 
 

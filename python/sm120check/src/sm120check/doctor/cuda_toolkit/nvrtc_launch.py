@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from sm120check.doctor import child, nvrtc_api, remedies
-from sm120check.doctor.cuda_toolkit.nvrtc import nvrtc_probe_verdict
 from sm120check.doctor.cuda_toolkit.nvrtc_launch_payload import JitLaunch
+from sm120check.doctor.cuda_toolkit.nvrtc_verdict import nvrtc_probe_verdict
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.payload import PayloadError
 

@@ -16,13 +16,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from sm120check.doctor import remedies, stackenv
-from sm120check.doctor.comm.collectives import capability, flashinfer_version
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.probecheck import capability
 from sm120check.jitcache import bundle, cost, layout
 from sm120check.jitcache import modules as jit_modules
 from sm120check.jitcache.ninja import NO_NINJA, NinjaVerdict, dry_run, find_ninja
 
 FAMILY = "flashinfer_jit"
+
+
+def flashinfer_version(ctx: Context) -> str:
+    """flashinfer-python's version in the stack venv ("" if absent): a fact, read once before the checks."""
+    return ctx.facts.flashinfer
 
 
 def serving_env(ctx: Context, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -37,11 +37,10 @@ def health_of(ctx: Context, load: bool) -> facts.HealthFacts:
     return facts.read_health(facts.HealthPlan(load=load, gpus=ctx.gpus), ctx.timeout)
 
 
-def as_result(verdict: verdicts.Verdict, data: dict[str, object]) -> Result:
-    """A health Verdict as the doctor's Result (its remedy is a value of doctor/remedies.py, set in verdicts.py)."""
-    return Result(
-        verdict.id, Status(verdict.status), verdict.summary, verdict.details, remedy=verdict.remedy, data=data
-    )
+def as_result(verdict: Result, data: dict[str, object]) -> Result:
+    """A verdict with the measured numbers the check reports (its remedy is a value of doctor/remedies.py, set in
+    verdicts.py)."""
+    return Result(verdict.id, verdict.status, verdict.summary, verdict.details, remedy=verdict.remedy, data=data)
 
 
 def _probe_failed(check_id: str, answer: facts.HealthFacts) -> Result:
@@ -69,7 +68,7 @@ class _PerGpu:
     requires: ClassVar[tuple[str, ...]] = ("driver",)
     uses: ClassVar[tuple[str, ...]] = ()
 
-    def verdict(self, gpu: GpuHealth) -> verdicts.Verdict:
+    def verdict(self, gpu: GpuHealth) -> Result:
         raise NotImplementedError
 
     def row(self, gpu: GpuHealth) -> dict[str, object]:
@@ -91,7 +90,7 @@ class PcieLinkCheck(_PerGpu):
     id: ClassVar[str] = "pcie_link"
     level: ClassVar[int] = 2
 
-    def verdict(self, gpu: GpuHealth) -> verdicts.Verdict:
+    def verdict(self, gpu: GpuHealth) -> Result:
         return verdicts.pcie_link(gpu)
 
     def row(self, gpu: GpuHealth) -> dict[str, object]:
@@ -116,7 +115,7 @@ class PcieReplayCheck(_PerGpu):
 
     id: ClassVar[str] = "pcie_replay"
 
-    def verdict(self, gpu: GpuHealth) -> verdicts.Verdict:
+    def verdict(self, gpu: GpuHealth) -> Result:
         return verdicts.pcie_replay(gpu)
 
     def row(self, gpu: GpuHealth) -> dict[str, object]:
@@ -128,7 +127,7 @@ class EccCheck(_PerGpu):
 
     id: ClassVar[str] = "gpu_ecc"
 
-    def verdict(self, gpu: GpuHealth) -> verdicts.Verdict:
+    def verdict(self, gpu: GpuHealth) -> Result:
         return verdicts.ecc(gpu)
 
     def row(self, gpu: GpuHealth) -> dict[str, object]:
@@ -151,7 +150,7 @@ class ClocksCheck(_PerGpu):
     id: ClassVar[str] = "gpu_clocks"
     level: ClassVar[int] = 2
 
-    def verdict(self, gpu: GpuHealth) -> verdicts.Verdict:
+    def verdict(self, gpu: GpuHealth) -> Result:
         return verdicts.clocks(gpu)
 
     def row(self, gpu: GpuHealth) -> dict[str, object]:
@@ -180,7 +179,7 @@ class MigCheck(_PerGpu):
 
     id: ClassVar[str] = "gpu_mig"
 
-    def verdict(self, gpu: GpuHealth) -> verdicts.Verdict:
+    def verdict(self, gpu: GpuHealth) -> Result:
         return verdicts.mig(gpu)
 
     def row(self, gpu: GpuHealth) -> dict[str, object]:
@@ -197,7 +196,7 @@ class Bar1Check(_PerGpu):
 
     id: ClassVar[str] = "gpu_bar1"
 
-    def verdict(self, gpu: GpuHealth) -> verdicts.Verdict:
+    def verdict(self, gpu: GpuHealth) -> Result:
         return verdicts.bar1(gpu)
 
     def row(self, gpu: GpuHealth) -> dict[str, object]:
@@ -214,7 +213,7 @@ class ProcessesCheck(_PerGpu):
 
     id: ClassVar[str] = "gpu_processes"
 
-    def verdict(self, gpu: GpuHealth) -> verdicts.Verdict:
+    def verdict(self, gpu: GpuHealth) -> Result:
         return verdicts.gpu_processes(gpu)
 
     def row(self, gpu: GpuHealth) -> dict[str, object]:
@@ -231,7 +230,7 @@ class CopyBandwidthCheck(_PerGpu):
     id: ClassVar[str] = "gpu_copy_bandwidth"
     level: ClassVar[int] = 2
 
-    def verdict(self, gpu: GpuHealth) -> verdicts.Verdict:
+    def verdict(self, gpu: GpuHealth) -> Result:
         return verdicts.h2d_bandwidth(gpu)
 
     def row(self, gpu: GpuHealth) -> dict[str, object]:
@@ -279,7 +278,7 @@ def sglang_dir(ctx: Context) -> str:
     return ""
 
 
-def product_verdict(health: NodeHealth, where: str) -> verdicts.Verdict:
+def product_verdict(health: NodeHealth, where: str) -> Result:
     gpus = health.gpus
     configs = sglang_configs.find(where, gpus[0].name) if gpus and where else None
     return verdicts.gpu_product(gpus, configs)

@@ -1,4 +1,4 @@
-"""Pure judges: a node-health payload in, a Verdict (pass / warn / fail / skip, summary, details, remedy) out.
+"""Pure judges: a node-health payload in, a Result (pass / warn / fail / skip, summary, details, remedy) out.
 
 Per-GPU functions take one GpuHealth; `combine` folds them into one node verdict (the worst status first).
 Thresholds that are our choice say so in their constant's comment.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from sm120check.doctor import remedies
 from sm120check.doctor.gpu import xid as xid_catalogue
@@ -21,41 +20,30 @@ from sm120check.doctor.gpu.payloads import (
     PeerPair,
     Reading,
 )
+from sm120check.doctor.model import Result, Status
 from sm120check.doctor.node_health.sglang_configs import TunedConfigs
 
-PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
+PASS, WARN, FAIL, SKIP = Status.PASS, Status.WARN, Status.FAIL, Status.SKIP
 _RANK = {FAIL: 3, WARN: 2, PASS: 1, SKIP: 0}
 GIB = 1 << 30
 
 
-@dataclass(frozen=True)
-class Verdict:
-    id: str
-    status: str  # pass, warn, fail, skip (the doctor Status values)
-    summary: str
-    details: str = ""
-    remedy: str = ""
-
-
-def combine(id: str, verdicts: Sequence[Verdict], empty: str = "no GPU to judge") -> Verdict:
+def combine(id: str, verdicts: Sequence[Result], empty: str = "no GPU to judge") -> Result:
     """One node verdict: the worst status; the summary lists the GPUs that are not fine."""
     if not verdicts:
-        return Verdict(id, SKIP, empty)
+        return Result(id, SKIP, empty)
     worst = max(_RANK[v.status] for v in verdicts)
     status = next(s for s, r in _RANK.items() if r == worst)
     bad = [v for v in verdicts if v.status == status]
     summary = bad[0].summary if len(bad) == 1 else f"{len(bad)} GPUs: " + "; ".join(v.summary for v in bad)
     details = "\n".join(v.details for v in verdicts if v.details)
-    return Verdict(id, status, summary, details, remedies.all_of(*(v.remedy for v in bad)))
+    return Result(id, status, summary, details, remedies.all_of(*(v.remedy for v in bad)))
 
 
 # ---- PCIe link ---------------------------------------------------------------------------------------------------
 
 _GT_PER_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 _ENCODING = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 242 / 256}  # Gen6: FLIT mode
-
-SLOT_REMEDY = remedies.PCIE_SLOT
-
 
 def link_gbps(gen: int, width: int) -> float:
     """Raw one-direction rate of a PCIe link in GB/s: GT/s x lanes x encoding / 8 (Gen5 x16 = 32 x 16 x 128/130 / 8
@@ -67,18 +55,18 @@ def _link(gen: int | None, width: int | None) -> str:
     return f"Gen{gen if gen is not None else '?'} x{width if width is not None else '?'}"
 
 
-def pcie_link(gpu: GpuHealth) -> Verdict:
+def pcie_link(gpu: GpuHealth) -> Result:
     """Current link vs the most it can train to, read while copies ran (an idle link may sit at Gen1 to save power)."""
     vid = "pcie_link"
     if gpu.lost:
-        return Verdict(
+        return Result(
             vid,
             FAIL,
             f"GPU {gpu.index}: NVML cannot reach it ({gpu.lost}): it fell off the bus or needs a reset",
             remedy=remedies.GPU_OFF_BUS,
         )
     if not (gpu.pcie_gen_max.ok and gpu.pcie_width_max.ok):
-        return Verdict(vid, SKIP, f"GPU {gpu.index}: NVML gives no maximum link ({gpu.pcie_gen_max.status})")
+        return Result(vid, SKIP, f"GPU {gpu.index}: NVML gives no maximum link ({gpu.pcie_gen_max.status})")
     max_gen, max_width = gpu.pcie_gen_max.value or 0, gpu.pcie_width_max.value or 0
     idle = _link(gpu.pcie_gen.value, gpu.pcie_width.value)
     gpu_max = gpu.pcie_gen_gpu_max.value if gpu.pcie_gen_gpu_max.ok else None
@@ -88,8 +76,8 @@ def pcie_link(gpu: GpuHealth) -> Verdict:
     busy = gpu.load
     if busy is None or busy.busy_gen is None or busy.busy_width is None:
         if gpu.pcie_gen.value == max_gen and gpu.pcie_width.value == max_width:
-            return Verdict(vid, PASS, f"GPU {gpu.index}: link {idle} (at its maximum even idle)", details)
-        return Verdict(
+            return Result(vid, PASS, f"GPU {gpu.index}: link {idle} (at its maximum even idle)", details)
+        return Result(
             vid,
             SKIP,
             f"GPU {gpu.index}: link read only at idle ({idle} of {_link(max_gen, max_width)}): links drop "
@@ -101,53 +89,53 @@ def pcie_link(gpu: GpuHealth) -> Verdict:
     fraction = link_gbps(gen, width) / link_gbps(max_gen, max_width) if link_gbps(max_gen, max_width) else 1.0
     if gen >= max_gen and width >= max_width:
         if gpu_max is not None and gpu_max > max_gen:
-            return Verdict(
+            return Result(
                 vid,
                 WARN,
                 f"GPU {gpu.index}: link {_link(gen, width)} is the slot's limit, the GPU can do Gen{gpu_max}",
                 details,
                 remedies.PCIE_SLOT_GEN,
             )
-        return Verdict(vid, PASS, f"GPU {gpu.index}: link {_link(gen, width)} under load (its maximum)", details)
+        return Result(vid, PASS, f"GPU {gpu.index}: link {_link(gen, width)} under load (its maximum)", details)
     summary = (
         f"GPU {gpu.index}: link trained at {_link(gen, width)} under load, below its maximum "
         f"{_link(max_gen, max_width)} ({fraction:.0%} of the bandwidth)"
     )
-    return Verdict(vid, FAIL if fraction < 0.5 else WARN, summary, details, remedies.PCIE_SLOT)
+    return Result(vid, FAIL if fraction < 0.5 else WARN, summary, details, remedies.PCIE_SLOT)
 
 
 REPLAY_WARN = 100  # our choice: a few replays happen on healthy links; hundreds mean signal-integrity trouble
 
 
-def pcie_replay(gpu: GpuHealth) -> Verdict:
+def pcie_replay(gpu: GpuHealth) -> Result:
     vid = "pcie_replay"
     if not gpu.pcie_replay.ok:
-        return Verdict(vid, SKIP, f"GPU {gpu.index}: replay counter {gpu.pcie_replay.status}")
+        return Result(vid, SKIP, f"GPU {gpu.index}: replay counter {gpu.pcie_replay.status}")
     count = gpu.pcie_replay.value or 0
     if count >= REPLAY_WARN:
-        return Verdict(
+        return Result(
             vid,
             WARN,
             f"GPU {gpu.index}: {count} PCIe replays since the driver loaded (warn at >= {REPLAY_WARN})",
             f"GPU {gpu.index} ({gpu.bus_id}) replay counter {count}",
             remedies.PCIE_REPLAY,
         )
-    return Verdict(vid, PASS, f"GPU {gpu.index}: {count} PCIe replays")
+    return Result(vid, PASS, f"GPU {gpu.index}: {count} PCIe replays")
 
 
 # ---- Xid ---------------------------------------------------------------------------------------------------------
 
 
-def xid(log: KernelLog, since_s: float | None = None) -> Verdict:
+def xid(log: KernelLog, since_s: float | None = None) -> Result:
     """Xids of this boot (or after `since_s` seconds of uptime), each with NVIDIA's meaning and the next step."""
     vid = "gpu_xid"
     if log.error:
-        return Verdict(vid, SKIP, log.error, remedy=remedies.KERNEL_LOG_ROOT)
+        return Result(vid, SKIP, log.error, remedy=remedies.KERNEL_LOG_ROOT)
     events = [e for e in log.events if since_s is None or e.uptime_s is None or e.uptime_s >= since_s]
     window = "since boot" if since_s is None else f"since {since_s:.0f} s after boot"
     cut = f"; {log.cut}" if log.cut else ""  # a cut log was read from its newest line back: older Xids unseen
     if not events:
-        return Verdict(vid, PASS, f"no Xid in the kernel log {window} ({log.source}, {log.lines} lines{cut})")
+        return Result(vid, PASS, f"no Xid in the kernel log {window} ({log.source}, {log.lines} lines{cut})")
     seen: dict[tuple[int, str], int] = {}
     for event in events:
         seen[(event.xid, event.pci)] = seen.get((event.xid, event.pci), 0) + 1
@@ -168,13 +156,13 @@ def xid(log: KernelLog, since_s: float | None = None) -> Verdict:
         summary = f"{len(events)} Xid events {window}: " + ", ".join(lines)
     example = "\n".join(f"  {e.pci}: Xid {e.xid}, {e.text}" for e in events[:5])
     details = "\n".join(lines) + "\nfirst lines:\n" + example + (f"\n{log.cut}" if log.cut else "")
-    return Verdict(vid, worst, summary, details, remedies.all_of(*steps))
+    return Result(vid, worst, summary, details, remedies.all_of(*steps))
 
 
 # ---- memory health -----------------------------------------------------------------------------------------------
 
 
-def ecc(gpu: GpuHealth) -> Verdict:
+def ecc(gpu: GpuHealth) -> Result:
     """Uncorrectable ECC counts, retired pages and remapped rows (pending / failure)."""
     vid = "gpu_ecc"
     g = f"GPU {gpu.index}"
@@ -188,7 +176,7 @@ def ecc(gpu: GpuHealth) -> Verdict:
     ]
     details = f"{g} ({gpu.bus_id}): " + ", ".join(parts)
     if gpu.remap_failure.ok and gpu.remap_failure.value:
-        return Verdict(
+        return Result(
             vid,
             FAIL,
             f"{g}: row remapping failed (no spare rows left for a bad memory row)",
@@ -196,7 +184,7 @@ def ecc(gpu: GpuHealth) -> Verdict:
             remedies.ECC_ROW_REMAP_FAILED,
         )
     if gpu.ecc_uncorrected_volatile.ok and gpu.ecc_uncorrected_volatile.value:
-        return Verdict(
+        return Result(
             vid,
             FAIL,
             f"{g}: {gpu.ecc_uncorrected_volatile.value} uncorrectable ECC errors since the driver loaded",
@@ -205,7 +193,7 @@ def ecc(gpu: GpuHealth) -> Verdict:
         )
     pending = [w for w, r in (("row remap", gpu.remap_pending), ("page retirement", gpu.retired_pending)) if r.value]
     if pending:
-        return Verdict(
+        return Result(
             vid,
             WARN,
             f"{g}: {' and '.join(pending)} pending: it takes effect only after a GPU reset",
@@ -213,7 +201,7 @@ def ecc(gpu: GpuHealth) -> Verdict:
             remedies.ECC_PENDING,
         )
     if gpu.ecc_uncorrected_aggregate.ok and gpu.ecc_uncorrected_aggregate.value:
-        return Verdict(
+        return Result(
             vid,
             WARN,
             f"{g}: {gpu.ecc_uncorrected_aggregate.value} uncorrectable ECC errors in its lifetime (none this boot)",
@@ -221,8 +209,8 @@ def ecc(gpu: GpuHealth) -> Verdict:
             remedies.ECC_LIFETIME,
         )
     if not gpu.ecc_mode.ok:
-        return Verdict(vid, PASS, f"{g}: ECC {gpu.ecc_mode.status}; remapped rows {gpu.remap_failure.status}", details)
-    return Verdict(vid, PASS, f"{g}: no uncorrectable memory errors, no pending or failed remaps", details)
+        return Result(vid, PASS, f"{g}: ECC {gpu.ecc_mode.status}; remapped rows {gpu.remap_failure.status}", details)
+    return Result(vid, PASS, f"{g}: no uncorrectable memory errors, no pending or failed remaps", details)
 
 
 def _onoff(reading: Reading) -> str:
@@ -253,7 +241,7 @@ def reason_names(mask: int) -> list[str]:
     return [name for bit, name in REASONS.items() if mask & bit]
 
 
-def clocks(gpu: GpuHealth) -> Verdict:
+def clocks(gpu: GpuHealth) -> Result:
     """Clock-event reasons seen while the FMA kernel kept every SM busy (else during the copies, else at rest), power
     limit below the default, temperature. SW power cap under the SM load is normal (the kernel draws up to the
     limit): only HW slowdown, HW thermal and HW power brake fail, as in azurehpc's throttling check."""
@@ -281,7 +269,7 @@ def clocks(gpu: GpuHealth) -> Verdict:
             f"{_opt(compute.temperature_c_max, ' C')}"
         )
     if mask is not None and mask & _FAIL_REASONS:
-        return Verdict(
+        return Result(
             vid,
             FAIL,
             f"{g}: clocks held down by {', '.join(reason_names(mask & _FAIL_REASONS))} {when}",
@@ -290,7 +278,7 @@ def clocks(gpu: GpuHealth) -> Verdict:
         )
     limit, default = gpu.power_limit_mw, gpu.power_default_mw
     if limit.ok and default.ok and (limit.value or 0) < (default.value or 0):
-        return Verdict(
+        return Result(
             vid,
             WARN,
             f"{g}: power limit {_watts(limit)} is below the default {_watts(default)}",
@@ -299,7 +287,7 @@ def clocks(gpu: GpuHealth) -> Verdict:
         )
     if compute is not None and not under_sm:
         why = compute.error or "no clock sample was read during it"
-        return Verdict(
+        return Result(
             vid,
             WARN,
             f"{g}: could not load the SMs ({why}): clock reasons read only {when}, which proves no clock under load",
@@ -307,16 +295,16 @@ def clocks(gpu: GpuHealth) -> Verdict:
             remedies.COMPUTE_LOAD,
         )
     if mask is not None and mask & _WARN_REASONS:
-        return Verdict(vid, WARN, f"{g}: SW thermal slowdown {when}", details, remedies.COOLING)
+        return Result(vid, WARN, f"{g}: SW thermal slowdown {when}", details, remedies.COOLING)
     hottest = compute.temperature_c_max if compute is not None and under_sm else None
     temperature = hottest if hottest is not None else (gpu.temperature_c.value if gpu.temperature_c.ok else None)
     if temperature is not None and temperature >= TEMPERATURE_WARN_C:
-        return Verdict(
+        return Result(
             vid, WARN, f"{g}: {temperature} C (warn at >= {TEMPERATURE_WARN_C} C)", details, remedies.COOLING
         )
     cap = " (SW power cap under the SM load: normal, the kernel draws up to the power limit)"
     normal = cap if under_sm and mask is not None and mask & _POWER_CAP else ""
-    return Verdict(vid, PASS, f"{g}: no hardware slowdown {when}, power limit at its default{normal}", details)
+    return Result(vid, PASS, f"{g}: no hardware slowdown {when}, power limit at its default{normal}", details)
 
 
 def _opt(value: int | None, unit: str) -> str:
@@ -334,58 +322,58 @@ def _watts(reading: Reading) -> str:
 # ---- MIG, BAR1, processes ----------------------------------------------------------------------------------------
 
 
-def mig(gpu: GpuHealth) -> Verdict:
+def mig(gpu: GpuHealth) -> Result:
     vid = "gpu_mig"
     g = f"GPU {gpu.index}"
     if not gpu.mig_mode.ok:
-        return Verdict(vid, PASS, f"{g}: MIG {gpu.mig_mode.status}")
+        return Result(vid, PASS, f"{g}: MIG {gpu.mig_mode.status}")
     if gpu.mig_mode.value:
-        return Verdict(
+        return Result(
             vid,
             FAIL,
             f"{g}: MIG mode is on: the GPU is split and cannot serve as one TP rank",
             remedy=remedies.mig_off(gpu.index),
         )
     if gpu.mig_mode_pending.ok and gpu.mig_mode_pending.value:
-        return Verdict(vid, WARN, f"{g}: MIG mode turns on at the next GPU reset", remedy=remedies.mig_off(gpu.index))
-    return Verdict(vid, PASS, f"{g}: MIG off")
+        return Result(vid, WARN, f"{g}: MIG mode turns on at the next GPU reset", remedy=remedies.mig_off(gpu.index))
+    return Result(vid, PASS, f"{g}: MIG off")
 
 
 def _rtx_class(name: str) -> bool:
     return "RTX" in name or "GeForce" in name or "TITAN" in name
 
 
-def bar1(gpu: GpuHealth) -> Verdict:
+def bar1(gpu: GpuHealth) -> Result:
     """Rule: on RTX-class parts, PCIe P2P maps the peer's memory through BAR1, so a BAR1 smaller than the GPU's
     memory (resizable BAR off: typically 256 MiB) means P2P and large host mappings cannot see it all: warn."""
     vid = "gpu_bar1"
     g = f"GPU {gpu.index}"
     if not (gpu.bar1_total.ok and gpu.memory_total.ok):
-        return Verdict(vid, SKIP, f"{g}: BAR1 {gpu.bar1_total.status}, memory {gpu.memory_total.status}")
+        return Result(vid, SKIP, f"{g}: BAR1 {gpu.bar1_total.status}, memory {gpu.memory_total.status}")
     bar, mem = gpu.bar1_total.value or 0, gpu.memory_total.value or 0
     details = f"{g} ({gpu.name}): BAR1 {bar / GIB:.2f} GiB, memory {mem / GIB:.1f} GiB"
     if bar < mem and _rtx_class(gpu.name):
-        return Verdict(
+        return Result(
             vid,
             WARN,
             f"{g}: BAR1 is {bar / GIB:.2f} GiB, smaller than its {mem / GIB:.0f} GiB memory (resizable BAR off?)",
             details,
             remedies.RESIZABLE_BAR,
         )
-    return Verdict(vid, PASS, f"{g}: BAR1 {bar / GIB:.0f} GiB", details)
+    return Result(vid, PASS, f"{g}: BAR1 {bar / GIB:.0f} GiB", details)
 
 
 PROCESS_WARN_BYTES = 1 * GIB  # our choice: a CUDA context alone takes ~0.5 GiB; more means real work is there
 
 
-def gpu_processes(gpu: GpuHealth) -> Verdict:
+def gpu_processes(gpu: GpuHealth) -> Result:
     """Compute processes already on the GPU (read before the probe's own load) and the memory they hold."""
     vid = "gpu_processes"
     g = f"GPU {gpu.index}"
     if gpu.processes_status != "ok":
-        return Verdict(vid, SKIP, f"{g}: process list {gpu.processes_status}")
+        return Result(vid, SKIP, f"{g}: process list {gpu.processes_status}")
     if not gpu.processes:
-        return Verdict(vid, PASS, f"{g}: no compute processes")
+        return Result(vid, PASS, f"{g}: no compute processes")
     listed = ", ".join(
         f"pid {p.pid}{f' ({p.name})' if p.name else ''} "
         + (f"{p.used_bytes / GIB:.1f} GiB" if p.used_bytes is not None else "memory unknown")
@@ -393,10 +381,10 @@ def gpu_processes(gpu: GpuHealth) -> Verdict:
     )
     heavy = [p for p in gpu.processes if p.used_bytes is None or p.used_bytes >= PROCESS_WARN_BYTES]
     if not heavy:
-        return Verdict(vid, PASS, f"{g}: only small compute processes ({listed})", f"{g}: {listed}")
+        return Result(vid, PASS, f"{g}: only small compute processes ({listed})", f"{g}: {listed}")
     top = max(heavy, key=lambda p: p.used_bytes or 0)
     held = f"{top.used_bytes / GIB:.1f} GiB" if top.used_bytes is not None else "an unknown amount of memory"
-    return Verdict(
+    return Result(
         vid,
         WARN,
         f"{g}: pid {top.pid}{f' ({top.name})' if top.name else ''} already holds {held}",
@@ -415,16 +403,16 @@ BANDWIDTH_WARN_FRACTION = 0.70
 BANDWIDTH_FAIL_FRACTION = 0.40
 
 
-def h2d_bandwidth(gpu: GpuHealth) -> Verdict:
+def h2d_bandwidth(gpu: GpuHealth) -> Result:
     vid = "gpu_copy_bandwidth"
     g = f"GPU {gpu.index}"
     load = gpu.load
     if load is None:
-        return Verdict(vid, SKIP, f"{g}: no copy load ran")
+        return Result(vid, SKIP, f"{g}: no copy load ran")
     if load.error and load.h2d_gbps is None:
-        return Verdict(vid, FAIL, f"{g}: the copy load failed: {load.error}")
+        return Result(vid, FAIL, f"{g}: the copy load failed: {load.error}")
     if not (gpu.pcie_gen_max.ok and gpu.pcie_width_max.ok):
-        return Verdict(vid, SKIP, f"{g}: no maximum link to derive a floor from ({gpu.pcie_gen_max.status})")
+        return Result(vid, SKIP, f"{g}: no maximum link to derive a floor from ({gpu.pcie_gen_max.status})")
     max_gen, max_width = gpu.pcie_gen_max.value or 0, gpu.pcie_width_max.value or 0
     raw = link_gbps(max_gen, max_width)
     warn_floor, fail_floor = raw * BANDWIDTH_WARN_FRACTION, raw * BANDWIDTH_FAIL_FRACTION
@@ -437,12 +425,12 @@ def h2d_bandwidth(gpu: GpuHealth) -> Verdict:
     )
     low = {d: r for d, r in rates.items() if r is not None and r < warn_floor}
     if not low:
-        return Verdict(
+        return Result(
             vid, PASS, f"{g}: H2D {load.h2d_gbps} / D2H {load.d2h_gbps} GB/s on {_link(max_gen, max_width)}", details
         )
     status = FAIL if any(r < fail_floor for r in low.values()) else WARN
     shown = ", ".join(f"{d} {r:.1f} GB/s" for d, r in low.items())
-    return Verdict(
+    return Result(
         vid,
         status,
         f"{g}: {shown} is below {warn_floor:.1f} GB/s ({BANDWIDTH_WARN_FRACTION:.0%} of {_link(max_gen, max_width)})",
@@ -454,14 +442,14 @@ def h2d_bandwidth(gpu: GpuHealth) -> Verdict:
 # ---- product name and SGLang tuned configs -----------------------------------------------------------------------
 
 
-def gpu_product(gpus: Sequence[GpuHealth], configs: TunedConfigs | None) -> Verdict:
+def gpu_product(gpus: Sequence[GpuHealth], configs: TunedConfigs | None) -> Result:
     """The exact product name(s) and whether the installed SGLang ships tuned configs filed under that name."""
     vid = "gpu_product"
     names = sorted({g.name for g in gpus})
     if not names:
-        return Verdict(vid, SKIP, "no GPU to name")
+        return Result(vid, SKIP, "no GPU to name")
     if len(names) > 1:
-        return Verdict(
+        return Result(
             vid,
             WARN,
             f"mixed GPU products on one node: {', '.join(names)}",
@@ -471,14 +459,14 @@ def gpu_product(gpus: Sequence[GpuHealth], configs: TunedConfigs | None) -> Verd
         )
     name = names[0]
     if configs is None:
-        return Verdict(vid, PASS, f"{name} (no SGLang tree to look for tuned configs)")
+        return Result(vid, PASS, f"{name} (no SGLang tree to look for tuned configs)")
     details = f"device_name={configs.device_name}; searched {', '.join(configs.searched) or 'no config folder'}"
     if configs.files:
         listed = "\n".join(f"  {f}" for f in configs.files[:20])
-        return Verdict(
+        return Result(
             vid, PASS, f"{name}: SGLang ships {len(configs.files)} tuned configs for it", details + "\n" + listed
         )
-    return Verdict(
+    return Result(
         vid,
         WARN,
         f"{name}: the installed SGLang ships no tuned kernel configs named device_name={configs.device_name}",
@@ -547,7 +535,7 @@ def root_ports_of(pair: PeerPair, roots: Mapping[int, str]) -> str:
     return "root ports " + ", ".join(f"{port or 'unknown'} (GPU {i})" for i, port in ports.items())
 
 
-def peer_write_read(pair: PeerPair, roots: Mapping[int, str]) -> Verdict | None:
+def peer_write_read(pair: PeerPair, roots: Mapping[int, str]) -> Result | None:
     """Writes against reads of one P2P pair: None when both are not measured, else a collapse fail, a warn, or pass."""
     vid = "gpu_peer_bandwidth"
     if not pair.p2p or pair.gbps is None or not pair.read_gbps:
@@ -559,11 +547,11 @@ def peer_write_read(pair: PeerPair, roots: Mapping[int, str]) -> Verdict | None:
     status = FAIL if share < WRITE_COLLAPSE_FRACTION else WARN
     what = "posted-write collapse" if status == FAIL else "writes well below reads"
     limit = WRITE_COLLAPSE_FRACTION if status == FAIL else WRITE_WARN_FRACTION
-    return Verdict(
+    return Result(
         vid,
         status,
         f"{g}: {what}: writes {pair.gbps:.1f} GB/s, reads {pair.read_gbps:.1f} GB/s ({share:.0%} of the reads, "
-        f"{status} below {limit:.0%}); {root_ports_of(pair, roots)}",
+        f"{status.value} below {limit:.0%}); {root_ports_of(pair, roots)}",
         remedy=remedies.PEER_WRITE_COLLAPSE,
     )
 
@@ -574,7 +562,7 @@ def peer_pair(
     latency_bytes: int = 4,
     roots: Mapping[int, str] | None = None,
     geforce: frozenset[int] = frozenset(),
-) -> Verdict:
+) -> Result:
     """One ordered pair: copies from `src` to `dst` against the floor derived from their links, and its writes
     against its reads (posted-write collapse). `roots`: each GPU's root port (NVML index -> BDF), named when the
     writes collapse; `geforce`: GPUs whose missing P2P is expected (GeForce on the stock driver)."""
@@ -593,18 +581,18 @@ def peer_pair(
         details += f"; {pair.error}"
     if pair.gbps is None:
         if pair.error.startswith(PEER_NOT_MEASURED):
-            return Verdict(vid, WARN, f"{g}: {pair.error}", details, remedies.PEER_TIMEOUT)
+            return Result(vid, WARN, f"{g}: {pair.error}", details, remedies.PEER_TIMEOUT)
         why = pair.error or "no copy was timed"
-        return Verdict(
+        return Result(
             vid, FAIL, f"{g}: the peer copy failed: {why}", details, remedies.peer_probe(f"{pair.src},{pair.dst}")
         )
     latency = f", latency {_opt_us(pair.latency_us)}"
     if not pair.p2p and geforce & {pair.src, pair.dst}:
-        return Verdict(
+        return Result(
             vid, PASS, f"{g}: {GEFORCE_NO_P2P}; copies staged through the host, {pair.gbps:.1f} GB/s", details
         )
     if not pair.p2p:
-        return Verdict(
+        return Result(
             vid,
             WARN,
             f"{g}: no P2P: copies staged through the host, {pair.gbps:.1f} GB/s (the `topology` check says why)",
@@ -614,13 +602,13 @@ def peer_pair(
     raw = peer_pcie_raw(pair, links)
     if peer_over_nvlink(pair, links):
         how = "NVLink per NVML" if pair.nvlink else "above the PCIe raw rate: NVLink"
-        return Verdict(vid, PASS, f"{g}: {pair.gbps:.1f} GB/s P2P ({how}, no PCIe floor){latency}", details)
+        return Result(vid, PASS, f"{g}: {pair.gbps:.1f} GB/s P2P ({how}, no PCIe floor){latency}", details)
     if raw is None:
         collapse = peer_write_read(pair, roots or {})
         if collapse is not None:
             return dataclasses.replace(collapse, details=details)
         status = next((link.status for i in (pair.src, pair.dst) if (link := links.get(i)) and link.status != "ok"), "")
-        return Verdict(
+        return Result(
             vid,
             SKIP,
             f"{g}: {pair.gbps:.1f} GB/s P2P; no floor: NVML gives no maximum link ({status or 'not read'})",
@@ -633,7 +621,7 @@ def peer_pair(
     return floor
 
 
-def _peer_floor(pair: PeerPair, raw: tuple[float, str], details: str, latency: str) -> Verdict:
+def _peer_floor(pair: PeerPair, raw: tuple[float, str], details: str, latency: str) -> Result:
     """A P2P pair over PCIe against the floor of the slower of its two links."""
     vid = "gpu_peer_bandwidth"
     g = f"GPU {pair.src} -> {pair.dst}"
@@ -647,8 +635,8 @@ def _peer_floor(pair: PeerPair, raw: tuple[float, str], details: str, latency: s
     share = f"{pair.gbps / rate:.0%} of {which} raw {rate:.1f} GB/s"
     if pair.gbps >= warn_floor:
         reads = f", reads {pair.read_gbps:.1f} GB/s" if pair.read_gbps is not None else ""
-        return Verdict(vid, PASS, f"{g}: {pair.gbps:.1f} GB/s P2P over PCIe ({share}){reads}{latency}", details)
-    return Verdict(
+        return Result(vid, PASS, f"{g}: {pair.gbps:.1f} GB/s P2P over PCIe ({share}){reads}{latency}", details)
+    return Result(
         vid,
         FAIL if pair.gbps < fail_floor else WARN,
         f"{g}: {pair.gbps:.1f} GB/s P2P is below {warn_floor:.1f} GB/s ({PEER_WARN_FRACTION:.0%} of {which}: {share})",
@@ -659,16 +647,16 @@ def _peer_floor(pair: PeerPair, raw: tuple[float, str], details: str, latency: s
 
 def peer_bandwidth(
     answer: PeerAnswer, roots: Mapping[int, str] | None = None, geforce: frozenset[int] = frozenset()
-) -> Verdict:
+) -> Result:
     """Every ordered pair judged, folded into one verdict: the worst status, its pairs in the summary."""
     vid = "gpu_peer_bandwidth"
     links = {link.index: link for link in answer.links}
     verdicts = [peer_pair(p, links, answer.latency_bytes, roots, geforce) for p in answer.pairs]
     if answer.error:  # libcuda or NVML did not load: no pair was measured
         details = "\n".join(v.details for v in verdicts)
-        return Verdict(vid, FAIL, f"the peer-copy probe could not measure: {answer.error}", details)
+        return Result(vid, FAIL, f"the peer-copy probe could not measure: {answer.error}", details)
     if not verdicts:
-        return Verdict(vid, SKIP, "no GPU pair to measure")
+        return Result(vid, SKIP, "no GPU pair to measure")
     worst = max(_RANK[v.status] for v in verdicts)
     status = next(s for s, r in _RANK.items() if r == worst)
     bad = [v for v in verdicts if v.status == status]
@@ -681,7 +669,7 @@ def peer_bandwidth(
         pulls = [p.read_gbps for p in answer.pairs if p.read_gbps is not None]
         read = f", reads {min(pulls):.1f}-{max(pulls):.1f} GB/s" if pulls else ""
         summary = f"{len(verdicts)} ordered GPU pairs, P2P {spread}{read}{waited}"
-        return Verdict(vid, PASS, summary if len(verdicts) > 1 else bad[0].summary, details)
+        return Result(vid, PASS, summary if len(verdicts) > 1 else bad[0].summary, details)
     listed = "; ".join(v.summary for v in bad)
     summary = bad[0].summary if len(bad) == 1 else f"{len(bad)} of {len(verdicts)} pairs: {listed}"
-    return Verdict(vid, status, summary, details, remedies.all_of(*(v.remedy for v in bad)))
+    return Result(vid, status, summary, details, remedies.all_of(*(v.remedy for v in bad)))

@@ -19,18 +19,14 @@ from sm120check.doctor.model import Check, Context, Result, Status
 from sm120check.doctor.pcie import node, tp_groups
 from sm120check.doctor.pcie.lspci import AcsState
 from sm120check.doctor.pcie.tp_groups import TpPlan
+from sm120check.doctor.probecheck import GEFORCE_NOTE, is_geforce
 
 FAMILY = "pcie_p2p"
-GEFORCE_NOTE = "P2P not available on GeForce with the stock driver: expected, P2P features off"
 ONE_GPU = "P2P does not matter with one GPU"
 # The kernel prints its built-in default domain type at boot (iommu_subsys_init, a subsys_initcall: "iommu: Print
 # default domain type on boot", Joerg Roedel, 2019) whether or not an IOMMU is there: without a unit or a group it
 # names no device's translation.
 BUILT_IN_DOMAIN = "the kernel's built-in default, logged with or without an IOMMU: no IOMMU unit or group here"
-
-
-def is_geforce(name: str) -> bool:
-    return "geforce" in name.lower()
 
 
 @dataclass(frozen=True)

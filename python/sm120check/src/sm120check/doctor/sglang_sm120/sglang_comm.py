@@ -13,57 +13,40 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from sm120check.doctor import remedies
-from sm120check.doctor.child import run_probe
-from sm120check.doctor.comm.collectives import (
-    FUSION_TOLERANCE,
-    _stack,
-    child_failure,
-    gpu_arg,
-    selected_gpus,
-    with_evidence,
-)
+from sm120check.doctor.collective_payload import FUSION_TOLERANCE
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.nvml_api import Gpu
 from sm120check.doctor.payload import PayloadError
+from sm120check.doctor.probecheck import Payload, ProbeCheck, malformed, with_evidence
 from sm120check.doctor.sglang_sm120.sglang_comm_payload import SglangCommAnswer, SglangRank
 
 CHECK_ID = "sglang_comm"
 FAMILY = "sglang_sm120"
 
 
-class SglangComm:
+class SglangComm(ProbeCheck[SglangCommAnswer]):
     """SGLang's own workspace preflight, TorchSymmMemCommunicator and fused allreduce + residual + RMSNorm on the
     selected GPUs: whether a server started now runs fused and with symmetric memory, and SGLang's reason if not."""
 
     id: ClassVar[str] = CHECK_ID
     family: ClassVar[str] = FAMILY
-    level: ClassVar[int] = 3
     requires: ClassVar[tuple[str, ...]] = ("driver", "torch")
-    uses: ClassVar[tuple[str, ...]] = ()
+    probe: ClassVar[str] = "sm120check.doctor.sglang_sm120.sglang_comm_probe"
+    payload: ClassVar[Payload[SglangCommAnswer]] = SglangCommAnswer
+    answer: ClassVar[str] = "SGLang communication"
+    what: ClassVar[str] = "SGLang communication probe"
+    remedy: ClassVar[str] = remedies.SGLANG_PATCH_RERUN
 
-    def run(self, ctx: Context) -> Result:
-        gpus = selected_gpus(ctx, self.id, need_torch=True)
-        if isinstance(gpus, Result):
-            return _retag(gpus)
-        packages = ctx.facts.distributions
-        if "sglang" not in packages:
+    def prepare(self, ctx: Context, gpus: Sequence[Gpu]) -> Result | None:
+        if "sglang" not in ctx.facts.distributions:
             return _skip_sglang("SGLang is not installed in the stack venv", remedies.FULL_PROFILE)
-        args = ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, ctx.timeout - 5))]
-        outcome = run_probe(
-            "sm120check.doctor.sglang_sm120.sglang_comm_probe", args, timeout=ctx.timeout, **_stack(ctx)
-        )
-        if not outcome.ok:
-            return _retag(child_failure(self.id, "SGLang communication probe", outcome, remedies.SGLANG_PATCH_RERUN))
-        try:
-            answer = SglangCommAnswer.from_json(outcome.data)
-        except PayloadError as exc:
-            summary = f"the SGLang communication probe printed a malformed answer: {exc}"
-            return _fail(summary, remedies.SGLANG_PROBE_MALFORMED)
-        return _retag(with_evidence(judge_sglang_comm(answer), {"evidence": answer.evidence}))
+        return None
 
+    def malformed_answer(self, exc: PayloadError) -> Result:
+        return malformed(self.id, self.answer, exc, remedies.SGLANG_PROBE_MALFORMED, FAMILY)
 
-def _retag(result: Result) -> Result:
-    """Results built by the comm helpers carry their family; this check belongs to `sglang_sm120`."""
-    return dataclasses.replace(result, family=FAMILY)
+    def judge(self, answer: SglangCommAnswer, ctx: Context, gpus: Sequence[Gpu]) -> Result:
+        return with_evidence(judge_sglang_comm(answer), {"evidence": answer.evidence})
 
 
 def _result(status: Status, summary: str, **kw: Any) -> Result:
