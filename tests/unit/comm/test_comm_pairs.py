@@ -261,14 +261,18 @@ def test_a_hang_both_ways_fails_naming_the_pair_and_how_long_each_was_waited_for
 
 
 def test_p2p_working_while_the_shared_memory_fallback_fails_warns() -> None:
-    fallback = nccl_pairs.PairOutcome((0, 4), run(True), run(False, finished=False, problem="rank 1: exited 1: NCCL error"))
+    fallback = nccl_pairs.PairOutcome(
+        (0, 4), run(True), run(False, finished=False, problem="rank 1: exited 1: NCCL error")
+    )
     result = nccl_pairs.judge_pairs([fallback])
     assert result.status is Status.WARN and result.remedy == remedies.NCCL_PAIR_NO_FALLBACK
     assert result.summary.endswith("but failed with NCCL_P2P_DISABLE=1: rank 1: exited 1: NCCL error")
 
 
 def test_a_geforce_pair_runs_without_p2p_only_and_passes_as_expected() -> None:
-    result = nccl_pairs.judge_pairs([nccl_pairs.PairOutcome((0, 1), None, dataclasses.replace(run(False), gpus=(0, 1)))])
+    result = nccl_pairs.judge_pairs(
+        [nccl_pairs.PairOutcome((0, 1), None, dataclasses.replace(run(False), gpus=(0, 1)))]
+    )
     assert result.status is Status.PASS
     assert result.summary == (
         "GPU 0-1: P2P not available on GeForce with the stock driver: expected, P2P features off; NCCL all-reduce "

@@ -24,7 +24,7 @@ from doctor_helpers import SRC, doctor, write_manifest
 
 from sm120check.doctor import nvml_api, nvrtc_api
 from sm120check.doctor.child import ChildOutcome, run_command
-from sm120check.doctor.cuda_toolkit.nvrtc import nvrtc_probe_verdict
+from sm120check.doctor.cuda_toolkit.nvrtc_verdict import nvrtc_probe_verdict
 from sm120check.doctor.gpu.nvml_info_payload import NvmlAnswer
 from sm120check.doctor.model import Status
 from sm120check.doctor.preflight.driver import nvml_answer, nvml_probe_verdict

@@ -17,11 +17,11 @@ from sm120check.doctor.stats import LatencyStats, latency_stats
 
 HIDDEN = 7168
 TOKENS = (1, 3, 8)
-# Never let a probe use NVLink multicast where the node forbids it: these variables say so.
-MULTICAST_OFF_VARS = ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE")
 
 
 def multicast_forbidden(env: Mapping[str, str] | None = None) -> bool:
+    """Never let a probe use NVLink multicast where the node forbids it (TORCH_SYMM_MEM_DISABLE_MULTICAST set,
+    NCCL_NVLS_ENABLE=0)."""
     env = os.environ if env is None else env
     disabled = env.get("TORCH_SYMM_MEM_DISABLE_MULTICAST", "") not in ("", "0")
     nvls_off = env.get("NCCL_NVLS_ENABLE", "") == "0"

@@ -45,6 +45,7 @@ def combine(id: str, verdicts: Sequence[Result], empty: str = "no GPU to judge")
 _GT_PER_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 _ENCODING = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 242 / 256}  # Gen6: FLIT mode
 
+
 def link_gbps(gen: int, width: int) -> float:
     """Raw one-direction rate of a PCIe link in GB/s: GT/s x lanes x encoding / 8 (Gen5 x16 = 32 x 16 x 128/130 / 8
     = 63.0 GB/s; Gen4 x16 = 31.5 GB/s)."""
@@ -299,9 +300,7 @@ def clocks(gpu: GpuHealth) -> Result:
     hottest = compute.temperature_c_max if compute is not None and under_sm else None
     temperature = hottest if hottest is not None else (gpu.temperature_c.value if gpu.temperature_c.ok else None)
     if temperature is not None and temperature >= TEMPERATURE_WARN_C:
-        return Result(
-            vid, WARN, f"{g}: {temperature} C (warn at >= {TEMPERATURE_WARN_C} C)", details, remedies.COOLING
-        )
+        return Result(vid, WARN, f"{g}: {temperature} C (warn at >= {TEMPERATURE_WARN_C} C)", details, remedies.COOLING)
     cap = " (SW power cap under the SM load: normal, the kernel draws up to the power limit)"
     normal = cap if under_sm and mask is not None and mask & _POWER_CAP else ""
     return Result(vid, PASS, f"{g}: no hardware slowdown {when}, power limit at its default{normal}", details)

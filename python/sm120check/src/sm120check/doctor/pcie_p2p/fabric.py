@@ -19,7 +19,8 @@ from sm120check.doctor.model import Check, Context, Result, Status
 from sm120check.doctor.pcie import node, tp_groups
 from sm120check.doctor.pcie.lspci import AcsState
 from sm120check.doctor.pcie.tp_groups import TpPlan
-from sm120check.doctor.probecheck import GEFORCE_NOTE, is_geforce
+from sm120check.doctor.probecheck import GEFORCE_NOTE as GEFORCE_NOTE  # the note the tests and the pair checks share
+from sm120check.doctor.probecheck import is_geforce as is_geforce
 
 FAMILY = "pcie_p2p"
 ONE_GPU = "P2P does not matter with one GPU"
