@@ -26,6 +26,7 @@ FAMILIES = frozenset(
         "flashinfer_jit",
         "comm",
         "node_health",
+        "sm120check",
     }
 )
 # The one module of a family another family reads, and why (not a check module: the rule on checks still holds).

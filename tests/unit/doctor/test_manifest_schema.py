@@ -36,9 +36,9 @@ from sm120check.doctor.gpu.nvml_info_payload import NvmlAnswer
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
 from sm120check.doctor.preflight import driver
-from sm120check.doctor.preflight import platform as platform_checks
 from sm120check.doctor.python_stack import abi, stack, torch
 from sm120check.doctor.python_stack.torch_info_payload import TorchInfo
+from sm120check.doctor.sm120check import manifest as manifest_check
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -254,7 +254,7 @@ def test_a_missing_manifest_has_the_missing_kind_and_the_manifest_check_warns(tm
     with pytest.raises(manifest.ManifestError) as caught:
         manifest.load(tmp_path / "absent.json")
     assert caught.value.kind is manifest.ErrorKind.MISSING
-    check = platform_checks.ManifestCheck()
+    check = manifest_check.ManifestCheck()
     missing = check.run(Context(manifest_error=str(caught.value), manifest_error_kind=caught.value.kind))
     # The kind decides, not the words: a message that happens to say "does not exist" but is invalid still fails.
     invalid = check.run(Context(manifest_error="x does not exist", manifest_error_kind=manifest.ErrorKind.INVALID))
@@ -385,7 +385,7 @@ def test_every_field_has_a_mutation_below() -> None:
 
 
 CHECK_CLASSES: dict[str, Callable[[], Any]] = {
-    "manifest": platform_checks.ManifestCheck,
+    "manifest": manifest_check.ManifestCheck,
     "toolkit": toolkit.ToolkitCheck,
     "nvrtc": nvrtc_checks.NvrtcCheck,
     "abi_libs": abi.AbiLibsCheck,

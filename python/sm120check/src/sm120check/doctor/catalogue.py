@@ -22,12 +22,14 @@ from sm120check.doctor.pcie_p2p import fabric, nccl_pairs
 from sm120check.doctor.preflight import driver, platform
 from sm120check.doctor.python_stack import abi, stack, torch
 from sm120check.doctor.sglang_sm120 import sglang, sglang_comm
+from sm120check.doctor.sm120check import manifest
 
 # Report order. The level-3 checks: `peer` (copies between GPU pairs, family `comm`), `pairs` (many-to-one writes,
 # family `comm`) and `nccl_pairs` (the per-pair NCCL all-reduce, family `pcie_p2p`) report right before the other
 # `comm` checks (`collectives`), then SGLang's own communication code (`sglang_comm`), then node health.
 MODULES: tuple[ModuleType, ...] = (
     platform,
+    manifest,
     driver,
     toolkit,
     nvrtc,
