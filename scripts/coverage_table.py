@@ -180,7 +180,7 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
         f"{_SRC}/sglang",
     ),
     "tests/gpu/sglang_symm_mem.py": ("tests/gpu/sglang_symm_mem.py", f"{_SRC}/sglang"),
-    "tests/gpu/test_comm_gpu.py": ("tests/gpu/test_comm_gpu.py", *_RANKS, f"{_D}/probes"),
+    "tests/gpu/test_comm_gpu.py": ("tests/gpu/test_comm_gpu.py", *_RANKS, f"{_D}/comm", f"{_D}/pcie_p2p"),
     "tests/gpu/test_doctor_gpu.py": ("tests/gpu/test_doctor_gpu.py", *_NVML, *GPU_CHECKS["sm120_jit"]),
     "tests/gpu/test_health_gpu.py": ("tests/gpu/test_health_gpu.py", *_HEALTH),
     "scripts/device/sglang_stack.py": ("scripts/device/sglang_stack.py",),
@@ -231,7 +231,12 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
         "scripts/device/flashinfer-carry.sh",
         f"{_SRC}/jitcache",
     ),
-    "scripts/device/node-health.sh": ("scripts/device/node-health.sh", *_HEALTH, f"{_D}/health/show.py"),
+    "scripts/device/node-health.sh": ("scripts/device/node-health.sh", *_HEALTH, "scripts/device/health_show.py"),
+    "scripts/device/health_show.py": (
+        "scripts/device/health_show.py",
+        f"{_D}/node_health/verdicts.py",
+        f"{_D}/node_health/sglang_configs.py",
+    ),
     "scripts/device/peer-bandwidth.sh": ("scripts/device/peer-bandwidth.sh", *GPU_CHECKS["gpu_peer_bandwidth"]),
     "scripts/device/peer-self-pair.py": (
         "scripts/device/peer-self-pair.py",

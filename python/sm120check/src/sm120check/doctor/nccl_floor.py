@@ -22,16 +22,19 @@ read: change the floor there.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from sm120check import versions
 
 TABLE = Path(__file__).with_name("nccl_floor.json")
 
 
 def _release(text: str) -> tuple[int, int, int]:
-    major, minor, patch = (int(part) for part in text.split("."))
-    return major, minor, patch
+    release = versions.triple(text)
+    if release is None:
+        raise ValueError(f"{TABLE.name}: {text!r} is not MAJOR.MINOR.PATCH")
+    return release
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,7 @@ def floor() -> str:
 
 def parse(version: str) -> tuple[int, int, int] | None:
     """(2, 30, 7) from "2.30.7", "2.30.7-1", "2.30.7-1+cuda13.0"; None when it is not a version."""
-    match = re.fullmatch(r"\s*(\d+)\.(\d+)\.(\d+)(?:[-+].*)?\s*", version)
-    return (int(match[1]), int(match[2]), int(match[3])) if match else None
+    return versions.triple(version)
 
 
 def known_bad(version: tuple[int, int, int]) -> tuple[BadRelease, ...]:

@@ -355,7 +355,7 @@ def judge(soak: Soak) -> list[Result]:
 
 
 def from_kernel_log(events: Sequence[XidEvent], boot_epoch: float, since: float) -> list[XidSample]:
-    """Kernel-log Xid events (doctor/health/kernel_log.parse) at or after `since` (Unix time) as soak samples; a
+    """Kernel-log Xid events (doctor/gpu/kernel_log.parse) at or after `since` (Unix time) as soak samples; a
     line without an uptime stamp is kept (its time is `since`)."""
     found = []
     for e in events:
