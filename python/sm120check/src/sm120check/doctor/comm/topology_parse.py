@@ -1,4 +1,6 @@
-"""Parse what nvidia-smi, the kernel command line, sysfs and lspci say about GPU-to-GPU paths.
+"""Parse what nvidia-smi says about GPU-to-GPU paths; the kernel command line's IOMMU mode and lspci's ACS control
+are read by the one PCIe parser (doctor/pcie/cmdline.py, doctor/pcie/lspci.py), which the level-1 `iommu` and
+`pcie_acs` checks read too.
 
 All functions take text (recorded or live) and return frozen values; nothing here runs a command.
 """
@@ -6,8 +8,12 @@ All functions take text (recorded or live) and return frozen values; nothing her
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from sm120check.doctor.pcie import lspci
+from sm120check.doctor.pcie.cmdline import IommuMode as IommuMode
+from sm120check.doctor.pcie.cmdline import iommu_mode as iommu_mode
 
 # `nvidia-smi topo -m` link codes, nearest first.
 PCIE_LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")
@@ -147,49 +153,6 @@ def parse_p2p_matrix(text: str) -> dict[tuple[int, int], str]:
 
 
 @dataclass(frozen=True)
-class IommuMode:
-    """How the IOMMU treats DMA between devices, from sysfs and the kernel command line."""
-
-    mode: str  # "off", "passthrough", "translated", "unknown"
-    evidence: str
-
-    @property
-    def blocks_p2p(self) -> bool:
-        """A translating IOMMU redirects peer-to-peer DMA through the root complex: NCCL can hang."""
-        return self.mode == "translated"
-
-
-def iommu_mode(cmdline: str, group_types: Sequence[str] = ()) -> IommuMode:
-    """Judge the IOMMU mode. `group_types` are the GPUs' /sys/bus/pci/devices/<bdf>/iommu_group/type values
-    ("identity" = passthrough, "DMA" / "DMA-FQ" = translated); they are the truth when present, the
-    kernel command line (iommu=pt, intel_iommu=on|off, amd_iommu=on|off) is the evidence otherwise."""
-    types = sorted(set(group_types))
-    if types:
-        translated = [t for t in types if t.startswith("DMA")]
-        if translated:
-            return IommuMode("translated", f"GPU IOMMU group type {', '.join(types)}")
-        if all(t == "identity" for t in types):
-            return IommuMode("passthrough", "GPU IOMMU group type identity")
-    params = dict(_kernel_params(cmdline))
-    shown = " ".join(f"{k}={v}" for k, v in params.items() if "iommu" in k)
-    if params.get("iommu") == "pt" or params.get("iommu.passthrough") == "1":
-        return IommuMode("passthrough", shown)
-    if params.get("iommu") == "off" or params.get("intel_iommu") == "off" or params.get("amd_iommu") == "off":
-        return IommuMode("off", shown)
-    if params.get("intel_iommu") == "on" or params.get("amd_iommu") == "on" or params.get("iommu") == "force":
-        return IommuMode("translated", shown)
-    return IommuMode("unknown", shown or "no iommu parameter on the kernel command line")
-
-
-def _kernel_params(cmdline: str) -> list[tuple[str, str]]:
-    params = []
-    for token in cmdline.split():
-        key, _, value = token.partition("=")
-        params.append((key, value))
-    return params
-
-
-@dataclass(frozen=True)
 class AcsPort:
     address: str
     name: str
@@ -198,20 +161,10 @@ class AcsPort:
 
 
 def parse_lspci_acs(text: str) -> tuple[list[AcsPort], bool]:
-    """ACS control of every device in `lspci -vvv`; second value: whether capabilities were readable."""
-    ports: list[AcsPort] = []
-    readable = "<access denied>" not in text
-    address = name = ""
-    for line in text.splitlines():
-        if line and not line[0].isspace() and not line.startswith(">"):
-            address, _, name = line.partition(" ")
-            continue
-        stripped = line.strip().lstrip(">").strip()
-        if stripped.startswith("ACSCtl:"):
-            flags = stripped[len("ACSCtl:") :].strip()
-            redirect = "ReqRedir+" in flags or "CmpltRedir+" in flags
-            ports.append(AcsPort(address, name, redirect, flags))
-    return ports, readable
+    """ACS control of every device in `lspci -vvv` (read by pcie.lspci, the one ACS parser); second value: whether
+    capabilities were readable."""
+    states, readable = lspci.parse_all(text)
+    return [AcsPort(s.bdf, s.name, s.redirects, s.ctl) for s in states], readable
 
 
 GEFORCE_P2P = re.compile(r"GeForce", re.IGNORECASE)
