@@ -1,7 +1,7 @@
 """Print the verdicts of a node_health payload: `python scripts/device/health_show.py payload.json [--sglang DIR]`.
 
-Test and device support, not part of the package: for node-health.sh and by hand, on a saved payload; the doctor judges the same verdicts through its node_health
-checks (doctor/node_health/health.py). DIR is an installed sglang
+Test and device support, not part of the package: for node-health.sh and by hand, on a saved payload; the doctor judges
+the same verdicts through its node_health checks (doctor/node_health/health.py). DIR is an installed sglang
 package directory; without it, the one importlib finds (not imported) is used, if any.
 """
 

@@ -149,8 +149,9 @@ class ProbeAnswer:
 
 @dataclass(frozen=True)
 class NvrtcInfo:
-    """The answer of cuda_toolkit/nvrtc_info_probe.py (its payload type, here beside the ctypes reader both sides import):
-    `open_error` when the soname does not resolve; else the file, its version and architectures (`version_error`
+    """The answer of cuda_toolkit/nvrtc_info_probe.py (its payload type, here beside the ctypes reader both sides
+    import): `open_error` when the soname does not resolve; else the file, its version and architectures
+    (`version_error`
     when asking them failed) and the test kernel compiled for each asked architecture."""
 
     open_error: str = ""

@@ -54,7 +54,8 @@ DEVICE_NODES = "load the driver (`nvidia-modprobe`), or in a container pass the 
 UVM_NODE = "`nvidia-modprobe -u -c=0` on the host; in a container add --device /dev/nvidia-uvm"  # no /dev/nvidia-uvm
 PERSISTENCE_MODE = "`nvidia-smi -pm 1` (or enable the nvidia-persistenced service)"  # persistence mode off
 
-# cuda_toolkit: nvcc and NVRTC of the pinned release (cuda_toolkit/toolkit.py, cuda_toolkit/nvrtc.py, cuda_toolkit/nvrtc_launch.py)
+# cuda_toolkit: nvcc and NVRTC of the pinned release (cuda_toolkit/toolkit.py, cuda_toolkit/nvrtc.py,
+# cuda_toolkit/nvrtc_launch.py)
 TOOLKIT = f"{CUDA_TOOLKIT}, then {CUDA_ENV} (sets CUDA_HOME / CUDA_PATH / PATH)"  # no working nvcc under CUDA_HOME
 TOOLKIT_VERSION = f"{TOOLKIT} (cuda_toolkit_version)"  # nvcc is not the manifest's release
 HOST_COMPILER = f"apt install g++ ({CUDA_TOOLKIT} installs it)"  # nvcc found no host compiler
@@ -128,7 +129,10 @@ NO_MANIFEST = f"{SM120CHECK}, or pass --manifest PATH"  # a comparison that need
 SGLANG_PATCH = "sm120check sglang patch (role sglang_sm120, tag sglang_sm120_configure); undo with --revert"
 SGLANG_PATCH_RERUN = "sm120check sglang patch (role sglang_sm120, tag sglang_sm120_configure), then rerun the doctor"
 # The SGLang communication probe's answer could not be read.
-SGLANG_PROBE_MALFORMED = "report it to the sm120kit maintainers with the probe's output (python -m sm120check.doctor.sglang_sm120.sglang_comm_probe)"
+SGLANG_PROBE_MALFORMED = (
+    "report it to the sm120kit maintainers with the probe's output "
+    "(python -m sm120check.doctor.sglang_sm120.sglang_comm_probe)"
+)
 # SGLang's workspace preflight could not allocate.
 GPU_MEMORY = "free GPU memory before the server starts (nvidia-smi shows who holds it), or lower --mem-fraction-static"
 SEE_DETAILS = "see the details"  # SGLang turned fusion off for a reason the details quote
@@ -278,8 +282,8 @@ PEER_TIMEOUT = "raise --timeout: a pair takes about half a second, and N GPUs ma
 def peer_probe(gpus: str) -> str:
     """The peer-copy probe failed or died: run it by hand for the failing CUDA call."""
     return (
-        f"run `python -m sm120check.doctor.comm.peer_bandwidth_probe --gpus {gpus}` by hand for the failing step or CUDA "
-        "call; check `gpu_xid` for Xids logged meanwhile"
+        f"run `python -m sm120check.doctor.comm.peer_bandwidth_probe --gpus {gpus}` by hand for the failing step or "
+        "CUDA call; check `gpu_xid` for Xids logged meanwhile"
     )
 
 

@@ -1,5 +1,5 @@
-"""The answer of comm/fusion_probe.py: the JIT modules rank 0 built or found cached (sm120check.jitcache.build), per rank
-FlashInfer allreduce + residual + RMSNorm against the torch reference with fused and unfused latency, and
+"""The answer of comm/fusion_probe.py: the JIT modules rank 0 built or found cached (sm120check.jitcache.build), per
+rank FlashInfer allreduce + residual + RMSNorm against the torch reference with fused and unfused latency, and
 PcieIpcAllReduceWorkspace where FlashInfer has it; merged over the ranks. `--warm` prints a FusionWarm."""
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 per-pair write/read bandwidth is `gpu_peer_bandwidth`'s (comm/peer.py); the per-pair NCCL all-reduce under a watchdog
 is `nccl_pairs`' (pcie_p2p/nccl_pairs.py).
 
-The judge is a pure function of the probe's typed answer (comm/peer_stress_payload.py), read strictly: a malformed answer is a fail naming the field. GeForce GPUs (no P2P with the stock driver) are what the
-level-1 `iommu` and `pcie_acs` checks call "expected, P2P features off": their pairs pass with that note.
+The judge is a pure function of the probe's typed answer (comm/peer_stress_payload.py), read strictly: a malformed
+answer is a fail naming the field. GeForce GPUs (no P2P with the stock driver) are what the level-1 `iommu` and
+`pcie_acs` checks call "expected, P2P features off": their pairs pass with that note.
 
-Met real hardware: none of this. The copy engine (comm/stress_copies.py) ran only against a stand-in for libcuda; it has not run on
-a GPU, and no verdict here has been checked against a real PCIe switch fabric.
+Met real hardware: none of this. The copy engine (comm/stress_copies.py) ran only against a stand-in for libcuda; it has
+not run on a GPU, and no verdict here has been checked against a real PCIe switch fabric.
 """
 
 from __future__ import annotations

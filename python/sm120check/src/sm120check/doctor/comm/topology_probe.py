@@ -2,8 +2,8 @@
 `topo -p2p r`, the IOMMU mode of each GPU (sysfs), the kernel command line, and ACS control from `lspci -vvv`.
 
 Run as `python -m sm120check.doctor.comm.topology_probe --gpus 0,1`; prints one TopologyEvidence
-(doctor/comm/topology_payload.py) of raw evidence (the check parses and judges it with sm120check.doctor.comm.topology_parse).
-Needs no torch; NVML through nvidia-ml-py when installed.
+(doctor/comm/topology_payload.py) of raw evidence (the check parses and judges it with
+sm120check.doctor.comm.topology_parse). Needs no torch; NVML through nvidia-ml-py when installed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The answer of cuda_toolkit/nvrtc_launch_probe.py: for each GPU, the kernel NVRTC built for its architecture and how it ran."""
+"""The answer of cuda_toolkit/nvrtc_launch_probe.py: for each GPU, the kernel NVRTC built for its architecture and how
+it ran."""
 
 from __future__ import annotations
 

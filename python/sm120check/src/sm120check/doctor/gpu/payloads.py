@@ -1,4 +1,5 @@
-"""The answer of gpu/node_health_probe.py: per-GPU NVML readings, the busy-link copy measurements, the kernel log's Xids.
+"""The answer of gpu/node_health_probe.py: per-GPU NVML readings, the busy-link copy measurements, the kernel log's
+Xids.
 
 Every NVML reading keeps how the call went (`Reading.status`): "ok", "not supported", "not in this driver" (the
 symbol is missing from libnvidia-ml), or "NVML error N (text)"; a verdict never has to guess why a value is absent.

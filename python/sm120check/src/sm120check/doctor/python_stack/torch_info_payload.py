@@ -1,4 +1,5 @@
-"""The answer of python_stack/torch_info_probe.py: torch's build, its NCCL, whether CUDA works, the libraries it mapped."""
+"""The answer of python_stack/torch_info_probe.py: torch's build, its NCCL, whether CUDA works, the libraries it
+mapped."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 The `comm` checks prove FlashInfer and torch work here; this one runs the stack venv's SGLang (patched or not)
 in rank processes: its workspace preflight, `TorchSymmMemCommunicator` and fused allreduce + residual + RMSNorm
-(probe `sm120check.doctor.sglang_sm120.sglang_comm_probe`), and says what a server started now would choose, with SGLang's
-own log line when it would turn something off.
+(probe `sm120check.doctor.sglang_sm120.sglang_comm_probe`), and says what a server started now would choose, with
+SGLang's own log line when it would turn something off.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The answer of sglang_sm120/sglang_comm_probe.py: the launch of SGLang's own communication code on the ranks, and per rank its
-workspace preflight, TorchSymmMemCommunicator and fused allreduce + residual + RMSNorm, as SGLang ran them."""
+"""The answer of sglang_sm120/sglang_comm_probe.py: the launch of SGLang's own communication code on the ranks, and per
+rank its workspace preflight, TorchSymmMemCommunicator and fused allreduce + residual + RMSNorm, as SGLang ran them."""
 
 from __future__ import annotations
 

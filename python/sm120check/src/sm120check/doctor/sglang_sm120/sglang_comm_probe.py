@@ -1,7 +1,7 @@
 """SGLang's own communication code on this node's GPUs: what a server started here will turn on, and why not.
 
-Run by the `sglang_comm` check as `python -m sm120check.doctor.sglang_sm120.sglang_comm_probe --gpus 0,1 --timeout S`, with
-the stack venv's interpreter (its SGLang, patched or not, is what the server imports). One rank per GPU:
+Run by the `sglang_comm` check as `python -m sm120check.doctor.sglang_sm120.sglang_comm_probe --gpus 0,1 --timeout S`,
+with the stack venv's interpreter (its SGLang, patched or not, is what the server imports). One rank per GPU:
 1. workspace preflight (0.5.13+): `_preflight_check_workspace_memory` from `srt/layers/flashinfer_comm_fusion.py`,
    called as `FlashInferWorkspaceManager.initialize` calls it (the sizes, the `cuMemCreate` probe, the vote on a
    CPU group), with SGLang's log captured: False means the server skips allreduce fusion, and says why;
