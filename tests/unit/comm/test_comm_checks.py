@@ -107,7 +107,6 @@ def test_a_cold_jit_cache_gets_the_long_timeout(monkeypatch: pytest.MonkeyPatch,
         return ChildOutcome(ok=True, data=fusion_failed("stop here").to_json())
 
     monkeypatch.setattr(comm, "run_probe", probe)
-
     monkeypatch.setattr(probecheck, "run_probe", probe)
     monkeypatch.setattr(metadata, "version", lambda name: "0.7.2")
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path))
@@ -135,7 +134,6 @@ def test_nccl_hang_that_passes_without_p2p_blames_p2p(monkeypatch: pytest.Monkey
         return ChildOutcome(ok=True, data=nccl_answer().to_json())
 
     monkeypatch.setattr(comm, "run_probe", probe)
-
     monkeypatch.setattr(probecheck, "run_probe", probe)
     result = comm.NcclAllreduce().run(context([gpu(0), gpu(1)]))
     assert result.status is Status.FAIL

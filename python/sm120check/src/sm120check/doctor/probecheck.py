@@ -168,9 +168,9 @@ class ProbeCheck(Generic[P]):
     def timeout(self, ctx: Context, gpus: Sequence[Gpu]) -> float:
         return ctx.timeout
 
-    def args(self, ctx: Context, gpus: Sequence[Gpu]) -> list[str]:
-        """The probe's arguments: the GPUs, and its own limit 5 s under ours (at least 10 s)."""
-        return ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, self.timeout(ctx, gpus) - 5))]
+    def args(self, ctx: Context, gpus: Sequence[Gpu], limit: float) -> list[str]:
+        """The probe's arguments: the GPUs, and its own limit 5 s under ours (`limit`; at least 10 s)."""
+        return ["--gpus", gpu_arg(gpus), "--timeout", str(max(10.0, limit - 5))]
 
     def child(self, ctx: Context) -> dict[str, Any]:
         """How the child runs: with the stack venv's interpreter when the probe needs torch."""
@@ -190,7 +190,7 @@ class ProbeCheck(Generic[P]):
     def ask(self, ctx: Context, gpus: Sequence[Gpu], timeout: float | None = None) -> P | Result:
         """Run the probe; its typed answer, or the Result of a child that failed or an answer that is malformed."""
         limit = self.timeout(ctx, gpus) if timeout is None else timeout
-        outcome = run_probe(self.probe, self.args(ctx, gpus), timeout=limit, **self.child(ctx))
+        outcome = run_probe(self.probe, self.args(ctx, gpus, limit), timeout=limit, **self.child(ctx))
         if not outcome.ok:
             return self.failed(outcome, gpus)
         try:

@@ -85,7 +85,7 @@ class Topology(ProbeCheck[TopologyEvidence]):
     def timeout(self, ctx: Context, gpus: Sequence[Gpu]) -> float:
         return min(ctx.timeout, 60.0)
 
-    def args(self, ctx: Context, gpus: Sequence[Gpu]) -> list[str]:
+    def args(self, ctx: Context, gpus: Sequence[Gpu], limit: float) -> list[str]:
         return ["--gpus", gpu_arg(gpus)]
 
     def judge(self, answer: TopologyEvidence, ctx: Context, gpus: Sequence[Gpu]) -> Result:

@@ -202,8 +202,8 @@ class PeerStress(ProbeCheck[StressAnswer]):
     answer: ClassVar[str] = STRESS_PROBE
     what: ClassVar[str] = "the many-to-one write probe"
 
-    def args(self, ctx: Context, gpus: Sequence[Gpu]) -> list[str]:
-        return ["--gpus", gpu_arg(gpus), "--timeout", str(max(5.0, ctx.timeout - STRESS_MARGIN_S))]
+    def args(self, ctx: Context, gpus: Sequence[Gpu], limit: float) -> list[str]:
+        return ["--gpus", gpu_arg(gpus), "--timeout", str(max(5.0, limit - STRESS_MARGIN_S))]
 
     def failed(self, outcome: ChildOutcome, gpus: Sequence[Gpu]) -> Result:
         return child_failure(self.id, self.what, outcome, remedies.peer_stress_probe(gpu_arg(gpus)), FAMILY)

@@ -66,8 +66,8 @@ class PeerBandwidth(ProbeCheck[PeerAnswer]):
     answer: ClassVar[str] = PEER_PROBE
     what: ClassVar[str] = "the peer-copy probe"
 
-    def args(self, ctx: Context, gpus: Sequence[Gpu]) -> list[str]:
-        return ["--gpus", gpu_arg(gpus), "--timeout", str(max(5.0, ctx.timeout - PROBE_MARGIN_S))]
+    def args(self, ctx: Context, gpus: Sequence[Gpu], limit: float) -> list[str]:
+        return ["--gpus", gpu_arg(gpus), "--timeout", str(max(5.0, limit - PROBE_MARGIN_S))]
 
     def failed(self, outcome: ChildOutcome, gpus: Sequence[Gpu]) -> Result:
         return child_failure(self.id, self.what, outcome, remedies.peer_probe(gpu_arg(gpus)), FAMILY)
