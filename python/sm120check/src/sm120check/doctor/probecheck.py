@@ -120,14 +120,10 @@ def fabric_roots(ctx: Context, gpus: Sequence[Gpu]) -> dict[int, str]:
     return roots.root_ports(view, {g.index: g.bus_id for g in gpus})
 
 
-@dataclasses.dataclass(frozen=True)
-class TargetVerdict:
-    """The verdict on one part of a pair check (one target GPU, one pair), folded into the check's Result."""
-
-    status: Status
-    summary: str
-    details: str
-    remedy: str = ""
+def part(status: Status, summary: str, details: str, remedy: str = "") -> Result:
+    """The verdict on one part of a pair check (one target GPU, one pair): a Result without an id, folded into the
+    check's own."""
+    return Result("", status, summary, details, remedy)
 
 
 def with_evidence(result: Result, evidence: str | Mapping[str, object]) -> Result:

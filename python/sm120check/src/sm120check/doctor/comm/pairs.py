@@ -26,11 +26,11 @@ from sm120check.doctor.probecheck import (
     RANK,
     Payload,
     ProbeCheck,
-    TargetVerdict,
     child_failure,
     fabric_roots,
     geforce_of,
     gpu_arg,
+    part,
 )
 
 FAMILY = "comm"
@@ -58,7 +58,7 @@ def _port(roots: Mapping[int, str], index: int) -> str:
     return f"root port {roots[index]}" if roots.get(index) else "root port unknown"
 
 
-def judge_target(target: StressTarget, roots: Mapping[int, str], geforce: frozenset[int]) -> TargetVerdict:
+def judge_target(target: StressTarget, roots: Mapping[int, str], geforce: frozenset[int]) -> Result:
     """One round into one target (pure): the aggregate against the best solo write into it, each P2P source
     against its equal share of the aggregate."""
     t = f"GPU {target.target}"
@@ -74,22 +74,20 @@ def judge_target(target: StressTarget, roots: Mapping[int, str], geforce: frozen
         )
     details = "\n".join(lines)
     if target.error.startswith(NOT_MEASURED):
-        return TargetVerdict(Status.WARN, f"{t}: {target.error}", details, remedies.PEER_STRESS_TIMEOUT)
+        return part(Status.WARN, f"{t}: {target.error}", details, remedies.PEER_STRESS_TIMEOUT)
     p2p = [s for s in target.sources if s.p2p]
     if not target.sources:
-        return TargetVerdict(Status.SKIP, f"{t}: no other GPU wrote to it", details)
+        return part(Status.SKIP, f"{t}: no other GPU wrote to it", details)
     if target.aggregate_gbps is None or target.error:
         why = target.error or "no copy was timed"
         everyone = ",".join(str(i) for i in (target.target, *(s.src for s in target.sources)))
-        return TargetVerdict(
+        return part(
             Status.FAIL, f"{t}: the many-to-one writes failed: {why}", details, remedies.peer_stress_probe(everyone)
         )
     if not p2p:
         if geforce & ({target.target} | {s.src for s in target.sources}):
-            return TargetVerdict(Status.PASS, f"{t}: {GEFORCE_NOTE}", details)
-        return TargetVerdict(
-            Status.SKIP, f"{t}: no source has P2P to it (gpu_peer_bandwidth says which pairs)", details
-        )
+            return part(Status.PASS, f"{t}: {GEFORCE_NOTE}", details)
+        return part(Status.SKIP, f"{t}: no source has P2P to it (gpu_peer_bandwidth says which pairs)", details)
     solos = [s.solo_gbps for s in p2p if s.solo_gbps]
     best = max(solos, default=0.0)
     aggregate = target.aggregate_gbps
@@ -103,7 +101,7 @@ def judge_target(target: StressTarget, roots: Mapping[int, str], geforce: frozen
         fraction = aggregate / best
         status = Status.FAIL if fraction < AGGREGATE_FAIL_FRACTION else Status.WARN
         limit = AGGREGATE_FAIL_FRACTION if status is Status.FAIL else AGGREGATE_WARN_FRACTION
-        return TargetVerdict(
+        return part(
             status,
             f"{t}: {n} GPUs writing at once carry {aggregate:.1f} GB/s, {fraction:.0%} of the best solo write into it "
             f"({best:.1f} GB/s; {status.value} below {limit:.0%}): the fabric collapses under many-to-one load; "
@@ -119,7 +117,7 @@ def judge_target(target: StressTarget, roots: Mapping[int, str], geforce: frozen
             f"{s.solo_gbps} GB/s; {_port(roots, s.src)})"
             for s, fraction in starved
         )
-        return TargetVerdict(
+        return part(
             status,
             f"{t}: under many-to-one load (aggregate {aggregate:.1f} GB/s from {n} GPUs) a source is nearly shut out: "
             f"{named}",
@@ -128,7 +126,7 @@ def judge_target(target: StressTarget, roots: Mapping[int, str], geforce: frozen
         )
     loads = [s.loaded_gbps for s in p2p if s.loaded_gbps is not None]
     spread = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
-    return TargetVerdict(Status.PASS, f"{t}: {aggregate:.1f} GB/s from {n} GPUs at once ({spread} GB/s each)", details)
+    return part(Status.PASS, f"{t}: {aggregate:.1f} GB/s from {n} GPUs at once ({spread} GB/s each)", details)
 
 
 def judge_stress(
@@ -162,7 +160,7 @@ def judge_stress(
     if answer.left_out:
         listed = "; ".join(answer.left_out)
         verdicts.append(
-            TargetVerdict(
+            part(
                 Status.FAIL,
                 f"GPUs left out of every round: {listed}",
                 listed,

@@ -25,9 +25,9 @@ from sm120check.doctor.pcie_p2p.nccl_pair_probe import pair_env
 from sm120check.doctor.probecheck import (
     GEFORCE_NOTE,
     RANK,
-    TargetVerdict,
     geforce_of,
     malformed,
+    part,
     selected_gpus,
 )
 
@@ -102,7 +102,7 @@ def _how(run: PairRun) -> str:
     return f"failed {mode}: {run.problem}"
 
 
-def judge_pair(pair: PairOutcome) -> TargetVerdict:
+def judge_pair(pair: PairOutcome) -> Result:
     """One pair's two runs (pure)."""
     g = f"GPU {pair.gpus[0]}-{pair.gpus[1]}"
     on, off = pair.on, pair.off
@@ -112,16 +112,16 @@ def judge_pair(pair: PairOutcome) -> TargetVerdict:
     details += f"\n{evidence}" if evidence else ""
     if on is None:
         if off.finished:
-            return TargetVerdict(Status.PASS, f"{g}: {GEFORCE_NOTE}; NCCL all-reduce {_how(off)}", details)
-        return TargetVerdict(Status.FAIL, f"{g}: NCCL all-reduce {_how(off)}", details, remedies.NCCL_PAIR_BROKEN)
+            return part(Status.PASS, f"{g}: {GEFORCE_NOTE}; NCCL all-reduce {_how(off)}", details)
+        return part(Status.FAIL, f"{g}: NCCL all-reduce {_how(off)}", details, remedies.NCCL_PAIR_BROKEN)
     if on.finished and off.finished:
-        return TargetVerdict(
+        return part(
             Status.PASS,
             f"{g}: all-reduce busbw {on.busbw_gbps} GB/s with P2P, {off.busbw_gbps} GB/s with NCCL_P2P_DISABLE=1",
             details,
         )
     if off.finished:
-        return TargetVerdict(
+        return part(
             Status.FAIL,
             f"{g}: NCCL all-reduce {_how(on)}, and {_how(off)}: PCIe P2P between them is blocked (IOMMU "
             "translation or ACS redirect)",
@@ -129,12 +129,10 @@ def judge_pair(pair: PairOutcome) -> TargetVerdict:
             remedies.NCCL_PAIR_P2P_BLOCKED,
         )
     if on.finished:
-        return TargetVerdict(
+        return part(
             Status.WARN, f"{g}: NCCL all-reduce {_how(on)}, but {_how(off)}", details, remedies.NCCL_PAIR_NO_FALLBACK
         )
-    return TargetVerdict(
-        Status.FAIL, f"{g}: NCCL all-reduce {_how(on)}, and {_how(off)}", details, remedies.NCCL_PAIR_BROKEN
-    )
+    return part(Status.FAIL, f"{g}: NCCL all-reduce {_how(on)}, and {_how(off)}", details, remedies.NCCL_PAIR_BROKEN)
 
 
 def judge_pairs(pairs: Sequence[PairOutcome], not_run: Sequence[tuple[int, int]] = ()) -> Result:
@@ -145,7 +143,7 @@ def judge_pairs(pairs: Sequence[PairOutcome], not_run: Sequence[tuple[int, int]]
     if not_run:
         listed = ", ".join(f"GPU {a}-{b}" for a, b in not_run)
         verdicts.append(
-            TargetVerdict(
+            part(
                 Status.WARN,
                 f"{len(not_run)} pair(s) not run, the check's {PAIRS_BUDGET_S:.0f} s would pass first: {listed}",
                 f"not run: {listed}",
