@@ -35,25 +35,30 @@ OUTCOMES = (*sorted(RAN), "skip")
 
 _SRC = "python/sm120check/src/sm120check"
 _D = f"{_SRC}/doctor"
-_NVML = (f"{_D}/checks/driver.py", f"{_D}/facts.py", f"{_D}/probes/nvml_info.py", f"{_D}/payloads/nvml_info.py")
+_NVML = (
+    f"{_D}/preflight/driver.py",
+    f"{_D}/facts.py",
+    f"{_D}/gpu/nvml_info_probe.py",
+    f"{_D}/gpu/nvml_info_payload.py",
+)
 _HEALTH = (
-    f"{_D}/checks/health.py",
-    f"{_D}/probes/node_health.py",
-    f"{_D}/health/payloads.py",
-    f"{_D}/health/verdicts.py",
-    f"{_D}/health/nvml_health.py",
-    f"{_D}/health/kernel_log.py",
-    f"{_D}/health/xid.py",
-    f"{_D}/health/ancestry.py",
-    f"{_D}/health/load.py",
+    f"{_D}/node_health/health.py",
+    f"{_D}/gpu/node_health_probe.py",
+    f"{_D}/gpu/payloads.py",
+    f"{_D}/node_health/verdicts.py",
+    f"{_D}/gpu/nvml_health.py",
+    f"{_D}/gpu/kernel_log.py",
+    f"{_D}/gpu/xid.py",
+    f"{_D}/gpu/ancestry.py",
+    f"{_D}/gpu/load.py",
     f"{_D}/nvml_api.py",
     f"{_D}/nvrtc_api.py",
 )
-_RANKS = (f"{_D}/checks/comm.py", f"{_D}/probes/collective.py", f"{_D}/probes/ranks.py", f"{_D}/payloads/collective.py")
-_TORCH = (f"{_D}/probes/torch_info.py", f"{_D}/payloads/torch_info.py", f"{_D}/loader.py")
+_RANKS = (f"{_D}/comm/collectives.py", f"{_D}/collective.py", f"{_D}/ranks.py", f"{_D}/collective_payload.py")
+_TORCH = (f"{_D}/python_stack/torch_info_probe.py", f"{_D}/python_stack/torch_info_payload.py", f"{_D}/loader.py")
 # The PCIe fabric readers (sysfs of the NVIDIA GPUs and the bridges above them, lspci, the pcie_p2p fact file).
 _PCIE = (
-    f"{_D}/checks/pcie.py",
+    f"{_D}/pcie_p2p/fabric.py",
     f"{_D}/pcie/node.py",
     f"{_D}/pcie/sysfs.py",
     f"{_D}/pcie/lspci.py",
@@ -68,11 +73,11 @@ _JIT = (f"{_SRC}/jitcache/layout.py", f"{_SRC}/jitcache/modules.py", f"{_SRC}/ji
 # catalogue that is in neither GPU_CHECKS nor CPU_CHECKS is an error, so this map cannot fall behind the doctor.
 GPU_CHECKS: Mapping[str, tuple[str, ...]] = {
     "driver": (*_NVML, f"{_D}/nvml_api.py"),
-    "gpu_nodes": (f"{_D}/checks/driver.py",),
+    "gpu_nodes": (f"{_D}/preflight/driver.py",),
     "gpu_persistence": (*_NVML, f"{_D}/nvml_api.py"),
-    "sglang_sm120": (f"{_D}/checks/sglang.py", f"{_SRC}/sglang"),  # the first GPU's compute capability
+    "sglang_sm120": (f"{_D}/sglang_sm120/sglang.py", f"{_SRC}/sglang"),  # the first GPU's compute capability
     "flashinfer_jit": (
-        f"{_D}/checks/flashinfer_jit.py",
+        f"{_D}/flashinfer_jit/flashinfer_jit.py",
         *_JIT,
         f"{_SRC}/jitcache/bundle.py",
         f"{_SRC}/jitcache/cost.py",
@@ -85,81 +90,81 @@ GPU_CHECKS: Mapping[str, tuple[str, ...]] = {
     "gpu_mig": _HEALTH,
     "gpu_bar1": _HEALTH,
     "gpu_processes": _HEALTH,
-    "gpu_product": (*_HEALTH, f"{_D}/health/sglang_configs.py"),
+    "gpu_product": (*_HEALTH, f"{_D}/node_health/sglang_configs.py"),
     "sm120_jit": (
-        f"{_D}/checks/nvrtc_launch.py",
-        f"{_D}/checks/nvrtc.py",
-        f"{_D}/probes/nvrtc_launch.py",
-        f"{_D}/payloads/nvrtc_launch.py",
+        f"{_D}/cuda_toolkit/nvrtc_launch.py",
+        f"{_D}/cuda_toolkit/nvrtc.py",
+        f"{_D}/cuda_toolkit/nvrtc_launch_probe.py",
+        f"{_D}/cuda_toolkit/nvrtc_launch_payload.py",
         f"{_D}/nvrtc_api.py",
         f"{_D}/cuda_api.py",
     ),
-    "torch": (f"{_D}/checks/torch.py", *_TORCH, f"{_D}/facts.py", f"{_D}/health/nccl_floor.py"),
-    "abi_libs": (f"{_D}/checks/abi.py", *_TORCH),
+    "torch": (f"{_D}/python_stack/torch.py", *_TORCH, f"{_D}/facts.py", f"{_D}/nccl_floor.py"),
+    "abi_libs": (f"{_D}/python_stack/abi.py", *_TORCH),
     "pcie_link": _HEALTH,
     "gpu_clocks": _HEALTH,
     "gpu_copy_bandwidth": _HEALTH,
     "gpu_peer_bandwidth": (
-        f"{_D}/checks/peer.py",
-        f"{_D}/checks/comm.py",
-        f"{_D}/probes/peer_bandwidth.py",
-        f"{_D}/health/peer.py",
-        f"{_D}/health/load.py",
-        f"{_D}/health/payloads.py",
-        f"{_D}/health/verdicts.py",
-        f"{_D}/health/nvml_health.py",
+        f"{_D}/comm/peer.py",
+        f"{_D}/comm/collectives.py",
+        f"{_D}/comm/peer_bandwidth_probe.py",
+        f"{_D}/comm/peer_copies.py",
+        f"{_D}/gpu/load.py",
+        f"{_D}/gpu/payloads.py",
+        f"{_D}/node_health/verdicts.py",
+        f"{_D}/gpu/nvml_health.py",
         f"{_D}/pcie/roots.py",
         f"{_D}/pcie/sysfs.py",
     ),
     "gpu_peer_stress": (
-        f"{_D}/checks/pairs.py",
-        f"{_D}/checks/peer.py",
-        f"{_D}/checks/comm.py",
-        f"{_D}/probes/peer_stress.py",
-        f"{_D}/payloads/peer_stress.py",
-        f"{_D}/health/stress.py",
-        f"{_D}/health/peer.py",
-        f"{_D}/health/load.py",
-        f"{_D}/health/nvml_health.py",
+        f"{_D}/comm/pairs.py",
+        f"{_D}/comm/peer.py",
+        f"{_D}/comm/collectives.py",
+        f"{_D}/comm/peer_stress_probe.py",
+        f"{_D}/comm/peer_stress_payload.py",
+        f"{_D}/comm/stress_copies.py",
+        f"{_D}/comm/peer_copies.py",
+        f"{_D}/gpu/load.py",
+        f"{_D}/gpu/nvml_health.py",
         f"{_D}/pcie/roots.py",
         f"{_D}/pcie/sysfs.py",
     ),
     "nccl_pairs": (
         *_RANKS,
-        f"{_D}/checks/pairs.py",
-        f"{_D}/checks/peer.py",
-        f"{_D}/probes/nccl_pair.py",
-        f"{_D}/payloads/nccl_pair.py",
-        f"{_SRC}/comm/stats.py",
+        f"{_D}/comm/pairs.py",
+        f"{_D}/comm/peer.py",
+        f"{_D}/pcie_p2p/nccl_pair_probe.py",
+        f"{_D}/pcie_p2p/nccl_pair_payload.py",
+        f"{_SRC}/doctor/stats.py",
     ),
     "topology": (
-        f"{_D}/checks/comm.py",
-        f"{_D}/probes/topology.py",
-        f"{_D}/payloads/topology.py",
-        f"{_SRC}/comm/topology_parse.py",
+        f"{_D}/comm/collectives.py",
+        f"{_D}/comm/topology_probe.py",
+        f"{_D}/comm/topology_payload.py",
+        f"{_SRC}/doctor/comm/topology_parse.py",
     ),
     "nccl_allreduce": (
         *_RANKS,
-        f"{_D}/probes/nccl.py",
-        f"{_D}/payloads/nccl.py",
-        f"{_SRC}/comm/stats.py",
-        f"{_D}/health/nccl_floor.py",
-        f"{_D}/health/nccl_floor.json",
+        f"{_D}/comm/nccl_probe.py",
+        f"{_D}/comm/nccl_payload.py",
+        f"{_SRC}/doctor/stats.py",
+        f"{_D}/nccl_floor.py",
+        f"{_D}/nccl_floor.json",
     ),
-    "symm_mem": (*_RANKS, f"{_D}/probes/symm_mem.py", f"{_D}/payloads/symm_mem.py", f"{_SRC}/comm/stats.py"),
+    "symm_mem": (*_RANKS, f"{_D}/comm/symm_mem_probe.py", f"{_D}/comm/symm_mem_payload.py", f"{_SRC}/doctor/stats.py"),
     "allreduce_fusion": (
         *_RANKS,
-        f"{_D}/probes/fusion.py",
-        f"{_D}/payloads/fusion.py",
-        f"{_SRC}/comm/stats.py",
+        f"{_D}/comm/fusion_probe.py",
+        f"{_D}/comm/fusion_payload.py",
+        f"{_SRC}/doctor/stats.py",
         f"{_SRC}/jitcache/build.py",
         *_JIT,
     ),
     "sglang_comm": (
         *_RANKS,
-        f"{_D}/checks/sglang_comm.py",
-        f"{_D}/probes/sglang_comm.py",
-        f"{_D}/payloads/sglang_comm.py",
+        f"{_D}/sglang_sm120/sglang_comm.py",
+        f"{_D}/sglang_sm120/sglang_comm_probe.py",
+        f"{_D}/sglang_sm120/sglang_comm_payload.py",
     ),
 }
 
@@ -170,12 +175,12 @@ CPU_CHECKS = frozenset({"platform", "manifest", "toolkit", "nvrtc", "abi_wheels"
 GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
     "tests/gpu/sglang_preflight.py": (
         "tests/gpu/sglang_preflight.py",
-        f"{_D}/probes/sglang_comm.py",
-        f"{_D}/payloads/sglang_comm.py",
+        f"{_D}/sglang_sm120/sglang_comm_probe.py",
+        f"{_D}/sglang_sm120/sglang_comm_payload.py",
         f"{_SRC}/sglang",
     ),
     "tests/gpu/sglang_symm_mem.py": ("tests/gpu/sglang_symm_mem.py", f"{_SRC}/sglang"),
-    "tests/gpu/test_comm_gpu.py": ("tests/gpu/test_comm_gpu.py", *_RANKS, f"{_D}/probes"),
+    "tests/gpu/test_comm_gpu.py": ("tests/gpu/test_comm_gpu.py", *_RANKS, f"{_D}/comm", f"{_D}/pcie_p2p"),
     "tests/gpu/test_doctor_gpu.py": ("tests/gpu/test_doctor_gpu.py", *_NVML, *GPU_CHECKS["sm120_jit"]),
     "tests/gpu/test_health_gpu.py": ("tests/gpu/test_health_gpu.py", *_HEALTH),
     "scripts/device/sglang_stack.py": ("scripts/device/sglang_stack.py",),
@@ -199,8 +204,8 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
         "tests/lab/sglang_gpu.py",
         "tests/gpu/launch",
         f"{_SRC}/soak",
-        f"{_SRC}/doctor/health/nvml_health.py",
-        f"{_SRC}/doctor/health/load.py",
+        f"{_SRC}/doctor/gpu/nvml_health.py",
+        f"{_SRC}/doctor/gpu/load.py",
         f"{_SRC}/doctor/child.py",
     ),
     "tests/gpu/test_sglang_envelope.py": (
@@ -226,21 +231,26 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
         "scripts/device/flashinfer-carry.sh",
         f"{_SRC}/jitcache",
     ),
-    "scripts/device/node-health.sh": ("scripts/device/node-health.sh", *_HEALTH, f"{_D}/health/show.py"),
+    "scripts/device/node-health.sh": ("scripts/device/node-health.sh", *_HEALTH, "scripts/device/health_show.py"),
+    "scripts/device/health_show.py": (
+        "scripts/device/health_show.py",
+        f"{_D}/node_health/verdicts.py",
+        f"{_D}/node_health/sglang_configs.py",
+    ),
     "scripts/device/peer-bandwidth.sh": ("scripts/device/peer-bandwidth.sh", *GPU_CHECKS["gpu_peer_bandwidth"]),
     "scripts/device/peer-self-pair.py": (
         "scripts/device/peer-self-pair.py",
         "scripts/device/pair_machinery.py",
-        f"{_D}/health/peer.py",
-        f"{_D}/health/load.py",
+        f"{_D}/comm/peer_copies.py",
+        f"{_D}/gpu/load.py",
     ),
     "scripts/device/pair_machinery.py": (
         "scripts/device/pair_machinery.py",
-        f"{_D}/health/peer.py",
-        f"{_D}/health/stress.py",
-        f"{_D}/health/load.py",
-        f"{_D}/probes/nccl_pair.py",
-        f"{_D}/probes/ranks.py",
+        f"{_D}/comm/peer_copies.py",
+        f"{_D}/comm/stress_copies.py",
+        f"{_D}/gpu/load.py",
+        f"{_D}/pcie_p2p/nccl_pair_probe.py",
+        f"{_D}/ranks.py",
     ),
     "scripts/device/sglang-carry.sh": ("scripts/device/sglang-carry.sh",),
 }
@@ -483,7 +493,7 @@ def catalogue() -> list[tuple[str, int]]:
     src = str(ROOT / "python/sm120check/src")
     if src not in sys.path:
         sys.path.insert(0, src)
-    from sm120check.doctor.checks import all_checks
+    from sm120check.doctor.catalogue import all_checks
 
     return [(c.id, c.level) for c in all_checks()]
 

@@ -14,7 +14,7 @@ export PYTHONPATH="$root/python/sm120check/src${PYTHONPATH:+:$PYTHONPATH}"
 
 echo "== node_health probe (bounded: 120 s)"
 start=$(date +%s.%N)
-timeout -k 5 120 "$python" -m sm120check.doctor.probes.node_health "$@" >"$out/node-health.json" 2>"$out/node-health.stderr"
+timeout -k 5 120 "$python" -m sm120check.doctor.gpu.node_health_probe "$@" >"$out/node-health.json" 2>"$out/node-health.stderr"
 rc=$?
 end=$(date +%s.%N)
 echo "probe exit $rc in $(awk "BEGIN{printf \"%.2f\", $end - $start}") s; last step: $(grep '^sm120check-step:' "$out/node-health.stderr" | tail -1)"
@@ -22,7 +22,7 @@ tail -3 "$out/node-health.stderr" | grep -v '^sm120check-step:' || true
 echo "== payload"
 cat "$out/node-health.json"
 echo "== verdicts"
-"$python" -m sm120check.doctor.health.show "$out/node-health.json" | tee "$out/node-health-verdicts.txt"
+"$python" "$root/scripts/device/health_show.py" "$out/node-health.json" | tee "$out/node-health-verdicts.txt"
 
 # Three runs each, medians: the doctor at level 2 (every check, the health probe beside them) against the torch
 # one-liner; issue 16's target is doctor <= 1.1 x torch. Each run is bounded; a failed run still counts its time.

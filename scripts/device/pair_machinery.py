@@ -25,10 +25,12 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from sm120check.doctor.health import load, peer, stress
-from sm120check.doctor.health.nvml_health import Nvml
-from sm120check.doctor.probes import nccl_pair
-from sm120check.doctor.probes.ranks import RankContext, launch
+from sm120check.doctor.comm import peer_copies as peer
+from sm120check.doctor.comm import stress_copies as stress
+from sm120check.doctor.gpu import load
+from sm120check.doctor.gpu.nvml_health import Nvml
+from sm120check.doctor.pcie_p2p import nccl_pair_probe as nccl_pair
+from sm120check.doctor.ranks import RankContext, launch
 
 HANG_S = 20.0
 
@@ -43,7 +45,7 @@ def never_join(ctx: RankContext) -> Mapping[str, object]:
 
 def ranks_alive() -> list[str]:
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, timeout=10).stdout
-    return [line for line in ps.splitlines() if "sm120check.doctor.probes.ranks" in line and "ps -eo" not in line]
+    return [line for line in ps.splitlines() if "sm120check.doctor.ranks" in line and "ps -eo" not in line]
 
 
 def gpu_zero() -> tuple[load.Cuda, peer.PeerGpu]:

@@ -15,7 +15,7 @@ export PYTHONPATH="$root/python/sm120check/src${PYTHONPATH:+:$PYTHONPATH}"
 
 nvidia-smi topo -m || true
 echo "== peer_bandwidth probe on GPUs $gpus (bounded: 120 s)"
-timeout -k 5 120 "$python" -m sm120check.doctor.probes.peer_bandwidth --gpus "$gpus" --timeout 110 \
+timeout -k 5 120 "$python" -m sm120check.doctor.comm.peer_bandwidth_probe --gpus "$gpus" --timeout 110 \
   >"$out/peer-bandwidth.json" 2>"$out/peer-bandwidth.stderr"
 rc=$?
 echo "probe exit $rc; last step: $(grep '^sm120check-step:' "$out/peer-bandwidth.stderr" | tail -1)"

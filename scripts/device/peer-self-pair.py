@@ -11,7 +11,8 @@ import json
 
 from pair_machinery import gpu_zero  # scripts/device, this script's own directory
 
-from sm120check.doctor.health import load, peer
+from sm120check.doctor.comm import peer_copies as peer
+from sm120check.doctor.gpu import load
 
 cuda, gpu = gpu_zero()
 assert gpu.dev is not None

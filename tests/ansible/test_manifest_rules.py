@@ -60,9 +60,9 @@ def test_shipped_manifest_is_valid(profile: str) -> None:
 
 
 def test_preflight_and_the_doctor_read_one_nccl_floor() -> None:
-    """One table (doctor/health/nccl_floor.json): preflight's floor is the doctor's, the shipped pin passes both,
+    """One table (doctor/nccl_floor.json): preflight's floor is the doctor's, the shipped pin passes both,
     and a known-bad release is refused with its reason, the floor and the fix."""
-    from sm120check.doctor.health import nccl_floor
+    from sm120check.doctor import nccl_floor
 
     rules = _rules()
     assert rules.NCCL_TABLE.resolve() == nccl_floor.TABLE.resolve()

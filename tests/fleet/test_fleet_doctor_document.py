@@ -15,7 +15,7 @@ import pytest
 from lab.playbook import REPO_ROOT, run_playbook
 from sm120check.doctor import document
 from sm120check.doctor.model import Result, Status
-from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.payload import PayloadError
 from sm120check.fleet.load import node_from_document
 from sm120check.fleet.model import NodeState
 

@@ -7,7 +7,7 @@ and flashinfer-carry.sh, installed into a --target directory on PYTHONPATH) and 
 
 1. The driver's own answer: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED and cuMulticastGetGranularity (a query; no
    multicast object is ever created).
-2. Unpatched: the doctor's probe (`sm120check.doctor.probes.sglang_comm`) runs SGLang's
+2. Unpatched: the doctor's probe (`sm120check.doctor.sglang_sm120.sglang_comm_probe`) runs SGLang's
    `_flashinfer_trtllm_workspace_allocation_sizes` (expected to raise without multicast) and
    `_preflight_check_workspace_memory` (expected False, with SGLang's "Skipping allreduce fusion." line).
 3. `sm120check sglang patch --source <site>/sglang --cc 9.0` (SM90 resolves to the TRT-LLM backend, as SM120 does).
@@ -71,7 +71,15 @@ def sm120check_sglang(*argv: str) -> tuple[int, dict[str, Any]]:
 
 def probe(gpus: str, timeout: float) -> dict[str, Any]:
     env = {**os.environ, **SAFE_ENV, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "sm120check.doctor.probes.sglang_comm", "--gpus", gpus, "--timeout", str(timeout)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sm120check.doctor.sglang_sm120.sglang_comm_probe",
+        "--gpus",
+        gpus,
+        "--timeout",
+        str(timeout),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 30, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if not lines:

@@ -45,14 +45,14 @@ def rank_processes() -> list[str]:
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "sm120check.doctor.probes.ranks" in text:
+        if "sm120check.doctor.ranks" in text:
             found.append(text)
     return found
 
 
 @needs_two
 def test_nccl_allreduce_is_exact_and_timed_on_two_gpus() -> None:
-    outcome = run_probe("sm120check.doctor.probes.nccl", ["--gpus", "0,1", "--timeout", "110"], timeout=120)
+    outcome = run_probe("sm120check.doctor.comm.nccl_probe", ["--gpus", "0,1", "--timeout", "110"], timeout=120)
     data: dict[str, Any] = dict(outcome.data)  # the probe's JSON line, untyped
     assert outcome.ok and data["ok"], data.get("problem") or outcome.problem
     assert data["correct"]
@@ -63,7 +63,7 @@ def test_nccl_allreduce_is_exact_and_timed_on_two_gpus() -> None:
 
 @needs_two
 def test_symmetric_memory_one_and_two_shot_match_nccl() -> None:
-    outcome = run_probe("sm120check.doctor.probes.symm_mem", ["--gpus", "0,1", "--timeout", "110"], timeout=120)
+    outcome = run_probe("sm120check.doctor.comm.symm_mem_probe", ["--gpus", "0,1", "--timeout", "110"], timeout=120)
     data: dict[str, Any] = dict(outcome.data)  # the probe's JSON line, untyped
     assert outcome.ok and data["ok"], data.get("problem") or outcome.problem
     assert data["correct"]["one_shot"] and data["correct"]["two_shot"]
@@ -76,7 +76,7 @@ def test_symmetric_memory_one_and_two_shot_match_nccl() -> None:
 def test_allreduce_fusion_matches_the_unfused_reference() -> None:
     timeout = float(os.environ.get("SM120CHECK_JIT_TIMEOUT", "900"))
     outcome = run_probe(
-        "sm120check.doctor.probes.fusion", ["--gpus", "0,1", "--timeout", str(timeout - 5)], timeout=timeout
+        "sm120check.doctor.comm.fusion_probe", ["--gpus", "0,1", "--timeout", str(timeout - 5)], timeout=timeout
     )
     data: dict[str, Any] = dict(outcome.data)  # the probe's JSON line, untyped
     assert outcome.ok and data["ok"], data.get("problem") or outcome.problem

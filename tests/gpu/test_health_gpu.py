@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sm120check.doctor.health import load
-from sm120check.doctor.health.payloads import NodeHealth
+from sm120check.doctor.gpu import load
+from sm120check.doctor.gpu.payloads import NodeHealth
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ pytestmark = [
 def test_the_spin_kernel_runs_on_every_sm_of_each_gpu_for_the_timed_span_with_clocks_sampled() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python" / "sm120check" / "src"))
     proc = subprocess.run(
-        [sys.executable, "-m", "sm120check.doctor.probes.node_health", "--size-mib", "16"],
+        [sys.executable, "-m", "sm120check.doctor.gpu.node_health_probe", "--size-mib", "16"],
         capture_output=True,
         text=True,
         env=env,

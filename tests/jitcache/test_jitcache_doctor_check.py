@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from jitcache_helpers import built_module, module_dir, ninja
 
-from sm120check.doctor.checks import flashinfer_jit as flashinfer_jit_check
-from sm120check.doctor.checks.flashinfer_jit import FlashinferJitCheck, judge, module_rows, serving_env
+from sm120check.doctor.flashinfer_jit import flashinfer_jit as flashinfer_jit_check
+from sm120check.doctor.flashinfer_jit.flashinfer_jit import FlashinferJitCheck, judge, module_rows, serving_env
 from sm120check.doctor.model import Context, Status
 from sm120check.manifest import CudaPins, Manifest, NcclPins
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from jitcache_helpers import BUILD_NINJA, ninja
 
-from sm120check.doctor.checks.comm import predicted_cached
+from sm120check.doctor.comm.collectives import predicted_cached
 
 CAPS = ["9.0"]  # H200: FlashInfer targets 90a
 

@@ -15,7 +15,7 @@ import pytest
 from jitcache_helpers import BUILD_NINJA, KEY, ninja
 
 from sm120check.doctor import remedies
-from sm120check.doctor.checks.flashinfer_jit import judge, module_rows
+from sm120check.doctor.flashinfer_jit.flashinfer_jit import judge, module_rows
 from sm120check.doctor.model import Status
 from sm120check.jitcache import build as builder
 from sm120check.jitcache import bundle, cost, layout

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from lab.sglang_releases import release_dir, run_cli
-from sm120check.doctor.checks import sglang as check_module
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.sglang_sm120 import sglang as check_module
 
 
 def _driver_with_cc(cc: str) -> Result:

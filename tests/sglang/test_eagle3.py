@@ -666,8 +666,8 @@ def _json_unsupported(version: str) -> list[dict[str, object]]:
 def test_doctor_names_the_models_eagle3_is_not_available_for(monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
 
-    from sm120check.doctor.checks import sglang as check_module
     from sm120check.doctor.model import Context, Status
+    from sm120check.doctor.sglang_sm120 import sglang as check_module
 
     real = scan.run
 

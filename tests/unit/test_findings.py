@@ -32,13 +32,6 @@ JOURNAL = {
     '"Met real hardware"': re.compile(r"\bmet real hardware\b", re.IGNORECASE),
 }
 
-# doctor/ is being moved to one folder per family (issue 36, items 1-2): it is skipped by path, and its journal
-# strings are cited as findings after the move. At this writing it carries DOCTOR_PENDING hits: the module docstrings
-# of checks/health.py, checks/pcie.py, pcie/__init__.py and pcie/tp_groups.py (an issue number), checks/pairs.py and
-# checks/peer.py ("Met real hardware", an issue number, an H200 beside a number), health/nccl_floor.py (an issue
-# number and a note outside the repository) and a string in document.py ("one run"). The count may only fall.
-DOCTOR_PENDING = 13
-PENDING = ("doctor/",)
 OWN = ("findings.py",)  # the table's reader names the record folder it checks
 
 
@@ -106,15 +99,10 @@ def test_no_run_journal_in_the_package() -> None:
     hits = [
         f"{path.relative_to(PACKAGE)}:{line}: {what} ({text!r})"
         for path in _sources()
-        if not str(path.relative_to(PACKAGE)).startswith(PENDING + OWN)
+        if not str(path.relative_to(PACKAGE)).startswith(OWN)
         for line, what, text in journal_hits(path)
     ]
     assert not hits, "cite a finding id instead (findings.json, docs/findings.md):\n" + "\n".join(hits)
-
-
-def test_doctor_journal_strings_only_fall_while_it_moves() -> None:
-    hits = [hit for path in sorted((PACKAGE / "doctor").rglob("*.py")) for hit in journal_hits(path)]
-    assert len(hits) <= DOCTOR_PENDING, f"{len(hits)} journal strings in doctor/, {DOCTOR_PENDING} pending"
 
 
 def test_journal_scanner_catches_each_kind(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ DOCTOR_LEVELS = (1, 2, 3)
 APT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+-[0-9]+")
 # The one NCCL table (floor, known-bad releases and why), shipped in the sm120check package, which the doctor's torch
 # check reads too: the roles live in the same repository, so it is found relative to this file.
-NCCL_TABLE = Path(__file__).resolve().parents[3] / "python/sm120check/src/sm120check/doctor/health/nccl_floor.json"
+NCCL_TABLE = Path(__file__).resolve().parents[3] / "python/sm120check/src/sm120check/doctor/nccl_floor.json"
 
 
 def _nccl_table() -> dict[str, Any]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sm120check.comm.stats import LatencyStats
-from sm120check.comm.topology_parse import AcsPort
-from sm120check.doctor.payloads.collective import LaunchFacts, RankHead
-from sm120check.doctor.payloads.fusion import (
+from sm120check.doctor.collective_payload import LaunchFacts, RankHead
+from sm120check.doctor.comm import fusion_probe as fusion
+from sm120check.doctor.comm import nccl_probe as nccl
+from sm120check.doctor.comm import symm_mem_probe as symm_mem
+from sm120check.doctor.comm.fusion_payload import (
     FusionAnswer,
     FusionRank,
     FusionSize,
@@ -18,9 +19,10 @@ from sm120check.doctor.payloads.fusion import (
     PcieRank,
     PcieSize,
 )
-from sm120check.doctor.payloads.nccl import Bandwidth, NcclAnswer, NcclRank, PairLink, SizeCheck
-from sm120check.doctor.payloads.symm_mem import SymmMemAnswer, SymmRank, SymmSize
-from sm120check.doctor.payloads.topology import (
+from sm120check.doctor.comm.nccl_payload import Bandwidth, NcclAnswer, NcclRank, PairLink, SizeCheck
+from sm120check.doctor.comm.symm_mem_payload import SymmMemAnswer, SymmRank, SymmSize
+from sm120check.doctor.comm.topology_parse import AcsPort
+from sm120check.doctor.comm.topology_payload import (
     AcsEvidence,
     CommandText,
     NvmlDevice,
@@ -28,7 +30,7 @@ from sm120check.doctor.payloads.topology import (
     NvmlPair,
     TopologyEvidence,
 )
-from sm120check.doctor.probes import fusion, nccl, symm_mem
+from sm120check.doctor.stats import LatencyStats
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "comm"
 RTX_PRO = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sm120check.doctor.probes.ranks import RankContext, RankFailed
+from sm120check.doctor.ranks import RankContext, RankFailed
 
 
 def echo(ctx: RankContext) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any
 
-from sm120check.doctor.probes.ranks import RankContext
+from sm120check.doctor.ranks import RankContext
 
 FOREVER_S = 3600  # longer than any test waits: only the watchdog ends it
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

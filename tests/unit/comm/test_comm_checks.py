@@ -28,14 +28,14 @@ from comm_answers import (
     topology_evidence,
 )
 
-from sm120check.comm.flashinfer_release import fusion_support
-from sm120check.doctor import facts, remedies
-from sm120check.doctor.checks import comm
+from sm120check.doctor import facts, probecheck, remedies
 from sm120check.doctor.child import ChildOutcome
+from sm120check.doctor.comm import collectives as comm
+from sm120check.doctor.comm.nccl_payload import NcclRank
+from sm120check.doctor.comm.topology_payload import AcsEvidence, CommandText
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
-from sm120check.doctor.payloads.nccl import NcclRank
-from sm120check.doctor.payloads.topology import AcsEvidence, CommandText
+from sm120check.jitcache.flashinfer_release import fusion_support
 
 
 def gpu(index: int, name: str = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", cc: str = "12.0") -> Gpu:
@@ -61,24 +61,28 @@ def test_checks_skip_when_the_driver_check_did_not_run() -> None:
 
 def test_checks_skip_when_torch_failed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(comm, "run_probe", no_probe)
+    monkeypatch.setattr(probecheck, "run_probe", no_probe)
     result = comm.SymmMem().run(context([gpu(0), gpu(1)], torch=Status.FAIL))
     assert result.status is Status.SKIP and "torch" in result.summary
 
 
 def test_one_gpu_is_a_skip_not_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(comm, "run_probe", no_probe)
+    monkeypatch.setattr(probecheck, "run_probe", no_probe)
     result = comm.NcclAllreduce().run(context([gpu(0)]))
     assert result.status is Status.SKIP and "at least 2 GPUs" in result.summary
 
 
 def test_gpus_option_naming_a_missing_gpu_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(comm, "run_probe", no_probe)
+    monkeypatch.setattr(probecheck, "run_probe", no_probe)
     result = comm.NcclAllreduce().run(context([gpu(0), gpu(1)], gpus=(0, 5)))
     assert result.status is Status.SKIP and "[5]" in result.summary
 
 
 def test_sm120_node_with_flashinfer_0_6_12_fails_before_launching(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(comm, "run_probe", no_probe)
+    monkeypatch.setattr(probecheck, "run_probe", no_probe)
     monkeypatch.setattr(metadata, "version", lambda name: "0.6.12")
     result = comm.AllreduceFusion().run(context([gpu(0), gpu(1)]))
     assert result.status is Status.FAIL
@@ -103,6 +107,7 @@ def test_a_cold_jit_cache_gets_the_long_timeout(monkeypatch: pytest.MonkeyPatch,
         return ChildOutcome(ok=True, data=fusion_failed("stop here").to_json())
 
     monkeypatch.setattr(comm, "run_probe", probe)
+    monkeypatch.setattr(probecheck, "run_probe", probe)
     monkeypatch.setattr(metadata, "version", lambda name: "0.7.2")
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path))
     monkeypatch.setenv(comm.JIT_TIMEOUT_ENV, "700")
@@ -129,6 +134,7 @@ def test_nccl_hang_that_passes_without_p2p_blames_p2p(monkeypatch: pytest.Monkey
         return ChildOutcome(ok=True, data=nccl_answer().to_json())
 
     monkeypatch.setattr(comm, "run_probe", probe)
+    monkeypatch.setattr(probecheck, "run_probe", probe)
     result = comm.NcclAllreduce().run(context([gpu(0), gpu(1)]))
     assert result.status is Status.FAIL
     assert "completes with NCCL_P2P_DISABLE=1" in result.summary
@@ -393,9 +399,10 @@ def test_a_malformed_probe_answer_is_a_fail_naming_the_field(
     field: str,
 ) -> None:
     monkeypatch.setattr(comm, "run_probe", answers_from(broken(answer, path, value)))
+    monkeypatch.setattr(probecheck, "run_probe", answers_from(broken(answer, path, value)))
     monkeypatch.setattr(metadata, "version", lambda name: "0.7.2")
     monkeypatch.setattr(comm, "predicted_cached", lambda *args, **kw: True)
     result = check().run(context([gpu(0, "NVIDIA H200", "9.0"), gpu(1, "NVIDIA H200", "9.0")]))
     assert result.status is Status.FAIL
     assert "printed a malformed answer" in result.summary and f": {field}: " in result.summary, result.summary
-    assert "sm120check.doctor.probes." in result.remedy
+    assert "sm120check.doctor.comm." in result.remedy

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120check.comm import flashinfer_release
-from sm120check.jitcache import layout
+from sm120check.jitcache import flashinfer_release, layout
 
 
 @pytest.mark.parametrize(

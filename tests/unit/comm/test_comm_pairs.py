@@ -16,16 +16,19 @@ from typing import Any
 import pytest
 
 from sm120check.doctor import remedies
-from sm120check.doctor.checks import all_checks, pairs
+from sm120check.doctor.catalogue import all_checks
 from sm120check.doctor.child import ChildOutcome
-from sm120check.doctor.health import load, stress
-from sm120check.doctor.health.payloads import PeerLink
-from sm120check.doctor.health.peer import PeerGpu
+from sm120check.doctor.comm import pairs
+from sm120check.doctor.comm import stress_copies as stress
+from sm120check.doctor.comm.peer_copies import PeerGpu
+from sm120check.doctor.comm.peer_stress_payload import StressAnswer, StressSource, StressTarget
+from sm120check.doctor.gpu import load
+from sm120check.doctor.gpu.payloads import PeerLink
 from sm120check.doctor.model import Status
-from sm120check.doctor.payloads import PayloadError
-from sm120check.doctor.payloads.nccl_pair import PairRun
-from sm120check.doctor.payloads.peer_stress import StressAnswer, StressSource, StressTarget
-from sm120check.doctor.probes import nccl_pair
+from sm120check.doctor.payload import PayloadError
+from sm120check.doctor.pcie_p2p import nccl_pair_probe as nccl_pair
+from sm120check.doctor.pcie_p2p import nccl_pairs
+from sm120check.doctor.pcie_p2p.nccl_pair_payload import PairRun
 
 HERE = Path(__file__).parent
 # An 8-GPU box with two root complexes (the collapse report's topology: GPUs 0-3 behind 00:01.1, 4-7 behind 20:01.1).
@@ -230,14 +233,14 @@ HUNG = "ranks hung for 55 s (in first allreduce) and were killed"
 
 
 def test_both_runs_finishing_pass_with_each_busbw() -> None:
-    result = pairs.judge_pairs([pairs.PairOutcome((0, 4), run(True, busbw=21.7), run(False, busbw=8.4))])
+    result = nccl_pairs.judge_pairs([nccl_pairs.PairOutcome((0, 4), run(True, busbw=21.7), run(False, busbw=8.4))])
     assert result.status is Status.PASS
     assert result.summary == "GPU 0-4: all-reduce busbw 21.7 GB/s with P2P, 8.4 GB/s with NCCL_P2P_DISABLE=1"
 
 
 def test_a_hang_with_p2p_that_finishes_without_it_fails_naming_iommu_acs_and_the_pcie_p2p_role() -> None:
-    outcome = pairs.PairOutcome((0, 4), run(True, finished=False, hung=True, problem=HUNG), run(False))
-    result = pairs.judge_pairs([outcome])
+    outcome = nccl_pairs.PairOutcome((0, 4), run(True, finished=False, hung=True, problem=HUNG), run(False))
+    result = nccl_pairs.judge_pairs([outcome])
     assert result.status is Status.FAIL
     assert result.summary == (
         f"GPU 0-4: NCCL all-reduce hung with P2P: the watchdog killed it after 55 s ({HUNG}), and finished with "
@@ -248,24 +251,28 @@ def test_a_hang_with_p2p_that_finishes_without_it_fails_naming_iommu_acs_and_the
 
 
 def test_a_hang_both_ways_fails_naming_the_pair_and_how_long_each_was_waited_for() -> None:
-    both = pairs.PairOutcome(
+    both = nccl_pairs.PairOutcome(
         (0, 4), run(True, finished=False, hung=True, problem=HUNG), run(False, finished=False, hung=True, problem=HUNG)
     )
-    result = pairs.judge_pairs([both])
+    result = nccl_pairs.judge_pairs([both])
     assert result.status is Status.FAIL and result.remedy == remedies.NCCL_PAIR_BROKEN
     assert result.summary.startswith("GPU 0-4: NCCL all-reduce hung with P2P: the watchdog killed it after 55 s")
     assert "and hung with NCCL_P2P_DISABLE=1: the watchdog killed it after 55 s" in result.summary
 
 
 def test_p2p_working_while_the_shared_memory_fallback_fails_warns() -> None:
-    fallback = pairs.PairOutcome((0, 4), run(True), run(False, finished=False, problem="rank 1: exited 1: NCCL error"))
-    result = pairs.judge_pairs([fallback])
+    fallback = nccl_pairs.PairOutcome(
+        (0, 4), run(True), run(False, finished=False, problem="rank 1: exited 1: NCCL error")
+    )
+    result = nccl_pairs.judge_pairs([fallback])
     assert result.status is Status.WARN and result.remedy == remedies.NCCL_PAIR_NO_FALLBACK
     assert result.summary.endswith("but failed with NCCL_P2P_DISABLE=1: rank 1: exited 1: NCCL error")
 
 
 def test_a_geforce_pair_runs_without_p2p_only_and_passes_as_expected() -> None:
-    result = pairs.judge_pairs([pairs.PairOutcome((0, 1), None, dataclasses.replace(run(False), gpus=(0, 1)))])
+    result = nccl_pairs.judge_pairs(
+        [nccl_pairs.PairOutcome((0, 1), None, dataclasses.replace(run(False), gpus=(0, 1)))]
+    )
     assert result.status is Status.PASS
     assert result.summary == (
         "GPU 0-1: P2P not available on GeForce with the stock driver: expected, P2P features off; NCCL all-reduce "
@@ -274,15 +281,15 @@ def test_a_geforce_pair_runs_without_p2p_only_and_passes_as_expected() -> None:
 
 
 def test_pairs_the_budget_left_out_warn_and_the_worst_pair_leads() -> None:
-    good = pairs.PairOutcome(
+    good = nccl_pairs.PairOutcome(
         (0, 1), dataclasses.replace(run(True), gpus=(0, 1)), dataclasses.replace(run(False), gpus=(0, 1))
     )
-    bad = pairs.PairOutcome((0, 4), run(True, finished=False, hung=True, problem=HUNG), run(False))
-    result = pairs.judge_pairs([good, bad], not_run=[(6, 7)])
+    bad = nccl_pairs.PairOutcome((0, 4), run(True, finished=False, hung=True, problem=HUNG), run(False))
+    result = nccl_pairs.judge_pairs([good, bad], not_run=[(6, 7)])
     assert result.status is Status.FAIL and result.summary.startswith("GPU 0-4: NCCL all-reduce hung with P2P")
     assert "not run: GPU 6-7" in result.details
     assert result.data["not_run"] == [[6, 7]]
-    warned = pairs.judge_pairs([good], not_run=[(6, 7)])
+    warned = nccl_pairs.judge_pairs([good], not_run=[(6, 7)])
     assert warned.status is Status.WARN and warned.remedy == remedies.NCCL_PAIRS_BUDGET
     assert warned.summary == "1 pair(s) not run, the check's 900 s would pass first: GPU 6-7"
 
@@ -303,7 +310,7 @@ def test_a_pair_run_answer_is_read_strictly() -> None:
             PairRun.from_json(good | change)
         assert str(raised.value).startswith(named), str(raised.value)
     with pytest.raises(PayloadError, match=r"answered for \[0, 4\] p2p=True, asked \[0, 1\]"):
-        pairs.run_outcome((0, 1), True, ChildOutcome(ok=True, data=good))
+        nccl_pairs.run_outcome((0, 1), True, ChildOutcome(ok=True, data=good))
 
 
 # ---- nccl_pairs: the watchdog, with real child processes ----------------------------------------------------------
@@ -321,11 +328,11 @@ def test_ranks_that_hang_with_p2p_only_end_in_a_fail_naming_the_pair_iommu_acs_a
     """The whole path: the real nccl_pair probe in a child, its launcher, two stand-in ranks that hang unless
     NCCL_P2P_DISABLE=1 reaches them; every process gone when each run returns."""
     target = "comm_pair_stand_ins:hangs_with_p2p"
-    on = pairs.run_pair_child((0, 1), True, limit=LIMIT_S, target=target)
-    off = pairs.run_pair_child((0, 1), False, limit=LIMIT_S, target=target)
+    on = nccl_pairs.run_pair_child((0, 1), True, limit=LIMIT_S, target=target)
+    off = nccl_pairs.run_pair_child((0, 1), False, limit=LIMIT_S, target=target)
     assert on.hung and not on.finished and "in first allreduce" in on.problem
     assert off.finished and off.busbw_gbps == 8.4 and off.nccl == "2.28.9"  # the slower rank's busbw
-    result = pairs.judge_pairs([pairs.PairOutcome((0, 1), on, off)])
+    result = nccl_pairs.judge_pairs([nccl_pairs.PairOutcome((0, 1), on, off)])
     assert result.status is Status.FAIL and result.remedy == remedies.NCCL_PAIR_P2P_BLOCKED
     assert result.summary.startswith("GPU 0-1: NCCL all-reduce hung with P2P: the watchdog killed it after ")
     assert result.summary.endswith("PCIe P2P between them is blocked (IOMMU translation or ACS redirect)")
@@ -337,17 +344,17 @@ def test_ranks_that_exit_non_zero_are_a_failed_run_not_a_hang() -> None:
     failed = nccl_pair.run_pair((0, 1), True, timeout=30, target="comm_pair_stand_ins:exits_non_zero")
     assert not failed.finished and not failed.hung
     assert failed.problem.startswith("rank 0: exited 3 in phase 'init_process_group'")
-    both = pairs.judge_pairs([pairs.PairOutcome((0, 1), failed, dataclasses.replace(failed, p2p=False))])
+    both = nccl_pairs.judge_pairs([nccl_pairs.PairOutcome((0, 1), failed, dataclasses.replace(failed, p2p=False))])
     assert both.status is Status.FAIL and both.remedy == remedies.NCCL_PAIR_BROKEN
     assert both.summary.startswith("GPU 0-1: NCCL all-reduce failed with P2P: rank 0: exited 3")
 
 
 @pytest.mark.usefixtures("stand_ins_importable")
 def test_a_probe_that_hangs_before_printing_is_killed_by_the_doctors_watchdog_and_named() -> None:
-    hung = pairs.run_pair_child((2, 3), True, limit=3.0, module="comm_pair_stand_ins")
+    hung = nccl_pairs.run_pair_child((2, 3), True, limit=3.0, module="comm_pair_stand_ins")
     assert hung.hung and not hung.finished and hung.gpus == (2, 3)
     assert hung.problem.startswith("the probe timed out after ") and "killed with its process group" in hung.problem
-    verdict = pairs.judge_pair(pairs.PairOutcome((2, 3), hung, dataclasses.replace(hung, p2p=False)))
+    verdict = nccl_pairs.judge_pair(nccl_pairs.PairOutcome((2, 3), hung, dataclasses.replace(hung, p2p=False)))
     assert verdict.status is Status.FAIL and verdict.summary.startswith("GPU 2-3: NCCL all-reduce hung with P2P")
 
 
@@ -356,7 +363,7 @@ def test_every_process_of_a_run_keeps_multicast_off() -> None:
     """The stand-in rank refuses to answer unless NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
     NVSHMEM_DISABLE_NVLS=1 reached it, with P2P and without."""
     for p2p in (True, False):
-        done = pairs.run_pair_child((0, 1), p2p, limit=30.0, target="comm_pair_stand_ins:finishes")
+        done = nccl_pairs.run_pair_child((0, 1), p2p, limit=30.0, target="comm_pair_stand_ins:finishes")
         assert done.finished, done.problem
     assert nccl_pair.pair_env(False)["NCCL_P2P_DISABLE"] == "1" and "NCCL_P2P_DISABLE" not in nccl_pair.pair_env(True)
 

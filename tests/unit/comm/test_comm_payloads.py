@@ -24,12 +24,12 @@ from comm_answers import (
     topology_evidence,
 )
 
-from sm120check.doctor.payloads import Fields, PayloadError
-from sm120check.doctor.payloads.fusion import FusionAnswer, FusionWarm
-from sm120check.doctor.payloads.nccl import NcclAnswer, NcclRank, size_label
-from sm120check.doctor.payloads.symm_mem import SymmMemAnswer
-from sm120check.doctor.payloads.topology import AcsEvidence, TopologyEvidence
-from sm120check.doctor.probes import nccl
+from sm120check.doctor.comm import nccl_probe as nccl
+from sm120check.doctor.comm.fusion_payload import FusionAnswer, FusionWarm
+from sm120check.doctor.comm.nccl_payload import NcclAnswer, NcclRank, size_label
+from sm120check.doctor.comm.symm_mem_payload import SymmMemAnswer
+from sm120check.doctor.comm.topology_payload import AcsEvidence, TopologyEvidence
+from sm120check.doctor.payload import Fields, PayloadError
 
 ANSWERS: list[tuple[object, Callable[[object], object]]] = [
     (topology_evidence("topo_m_2x5090_phb.txt", "topo_p2p_rw_2x5090_gns.txt"), TopologyEvidence.from_json),

@@ -8,15 +8,15 @@ import shutil
 
 import pytest
 
-from sm120check.comm.flashinfer_release import fusion_support
-from sm120check.doctor.checks import comm
 from sm120check.doctor.child import run_probe
+from sm120check.doctor.comm import collectives as comm
+from sm120check.doctor.comm.fusion_payload import FusionAnswer
+from sm120check.doctor.comm.nccl_payload import NcclAnswer
+from sm120check.doctor.comm.symm_mem_payload import SymmMemAnswer
+from sm120check.doctor.comm.topology_payload import TopologyEvidence
 from sm120check.doctor.model import Status
 from sm120check.doctor.nvml_api import Gpu
-from sm120check.doctor.payloads.fusion import FusionAnswer
-from sm120check.doctor.payloads.nccl import NcclAnswer
-from sm120check.doctor.payloads.symm_mem import SymmMemAnswer
-from sm120check.doctor.payloads.topology import TopologyEvidence
+from sm120check.jitcache.flashinfer_release import fusion_support
 
 ARGS = ["--gpus", "0,1", "--timeout", "30", "--iters", "2", "--warmup", "1"]
 GUARD = 90.0  # seconds: a hang guard, ten times a normal run here
@@ -34,7 +34,7 @@ def gpus() -> list[Gpu]:
 
 
 def test_the_topology_probe_answer_is_read_and_judged() -> None:
-    outcome = run_probe("sm120check.doctor.probes.topology", ["--gpus", "0,1"], timeout=GUARD)
+    outcome = run_probe("sm120check.doctor.comm.topology_probe", ["--gpus", "0,1"], timeout=GUARD)
     assert outcome.ok, outcome.problem
     evidence = TopologyEvidence.from_json(outcome.data)
     assert evidence.gpus == (0, 1)
@@ -46,7 +46,7 @@ def test_the_topology_probe_answer_is_read_and_judged() -> None:
 
 @no_gpu_here
 def test_the_nccl_probe_without_a_gpu_fails_naming_the_ranks_error() -> None:
-    outcome = run_probe("sm120check.doctor.probes.nccl", ARGS, timeout=GUARD)
+    outcome = run_probe("sm120check.doctor.comm.nccl_probe", ARGS, timeout=GUARD)
     assert outcome.ok, outcome.problem
     answer = NcclAnswer.from_json(outcome.data)
     assert not answer.launch.ok and not answer.launch.timed_out
@@ -58,7 +58,7 @@ def test_the_nccl_probe_without_a_gpu_fails_naming_the_ranks_error() -> None:
 
 @no_gpu_here
 def test_the_symm_mem_probe_without_a_gpu_fails_naming_the_ranks_error() -> None:
-    outcome = run_probe("sm120check.doctor.probes.symm_mem", ARGS, timeout=GUARD)
+    outcome = run_probe("sm120check.doctor.comm.symm_mem_probe", ARGS, timeout=GUARD)
     assert outcome.ok, outcome.problem
     answer = SymmMemAnswer.from_json(outcome.data)
     result = comm.judge_symm_mem(answer)
@@ -68,7 +68,7 @@ def test_the_symm_mem_probe_without_a_gpu_fails_naming_the_ranks_error() -> None
 @no_gpu_here
 @pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None, reason="FlashInfer would build its modules")
 def test_the_fusion_probe_without_flashinfer_fails_naming_the_ranks_error() -> None:
-    outcome = run_probe("sm120check.doctor.probes.fusion", ARGS, timeout=GUARD)
+    outcome = run_probe("sm120check.doctor.comm.fusion_probe", ARGS, timeout=GUARD)
     assert outcome.ok, outcome.problem
     answer = FusionAnswer.from_json(outcome.data)
     assert "jit build" in answer.launch.evidence  # rank 0 failed building, before any process group

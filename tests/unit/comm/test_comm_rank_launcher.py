@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120check.doctor.probes.ranks import free_port, launch
+from sm120check.doctor.ranks import free_port, launch
 
 HERE = Path(__file__).parent
 ENV = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}

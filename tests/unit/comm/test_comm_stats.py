@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sm120check.comm.stats import allreduce_busbw_gbps, latency_stats, percentile, slowest_median
+from sm120check.doctor.stats import allreduce_busbw_gbps, latency_stats, percentile, slowest_median
 
 
 def test_busbw_of_two_ranks_equals_algbw() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120check.comm import topology_parse
+from sm120check.doctor.comm import topology_parse
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "comm"
 

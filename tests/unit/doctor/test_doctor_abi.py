@@ -7,8 +7,8 @@ from pathlib import Path
 from doctor_helpers import fixture
 
 from sm120check.doctor import loader, stackenv
-from sm120check.doctor.checks.abi import libs_verdict, torch_cuda_major, wheels_verdict
 from sm120check.doctor.model import Status
+from sm120check.doctor.python_stack.abi import libs_verdict, torch_cuda_major, wheels_verdict
 
 CACHE_TWO_NCCL = loader.parse_ldconfig(fixture("ldconfig-p-two-nccl.txt"))
 MAPS_AGREE = loader.parse_maps(fixture("proc-self-maps-agree.txt"))

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from doctor_helpers import fixture
 
-from sm120check.doctor.checks.driver import (
+from sm120check.doctor.model import Status
+from sm120check.doctor.nvml_api import Gpu, NvmlInfo
+from sm120check.doctor.preflight.driver import (
     driver_verdict,
     module_flavour,
     nodes_verdict,
     persistence_verdict,
     proc_driver_version,
 )
-from sm120check.doctor.model import Status
-from sm120check.doctor.nvml_api import Gpu, NvmlInfo
 
 OPEN = fixture("proc-driver-version-580.159.04-open.txt")
 PROPRIETARY = fixture("proc-driver-version-580.159.04-proprietary.txt")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120check.doctor.checks.env import EnvCheck
+from sm120check.doctor.cuda_env.env import EnvCheck
 from sm120check.doctor.model import Context, Status
 from sm120check.manifest import CudaPins, Manifest, NcclPins
 
@@ -77,7 +77,7 @@ def test_debian_sitecustomize_shadowing_the_venvs_is_named(tmp_path: Path) -> No
 
 def test_values_of_credential_names_never_reach_the_report() -> None:
     """A token in sm120kit_env_overrides that differs on the node is named, but its value is not printed."""
-    from sm120check.doctor.checks.env import env_verdict
+    from sm120check.doctor.cuda_env.env import env_verdict
 
     seen = {"hook": "/v/lib/python3.11/site-packages/sm120kit_env.pth", "env": {"HF_TOKEN": "hf_seen_secret"}}
     result = env_verdict(seen, {"HF_TOKEN": "hf_wanted_secret", "CUDA_HOME": "/opt/cuda"}, [], ["sm120kit_env.pth"])

@@ -19,15 +19,19 @@ from doctor_helpers import SRC, facts_for, gpu, write_manifest
 
 from sm120check import manifest
 from sm120check.doctor import child, cli, facts, nvrtc_api
-from sm120check.doctor.checks import comm, driver, nvrtc_launch, sglang, torch
+from sm120check.doctor.comm import collectives as comm
+from sm120check.doctor.cuda_toolkit import nvrtc_launch
+from sm120check.doctor.cuda_toolkit.nvrtc_launch_payload import JitLaunch, LaunchRow
+from sm120check.doctor.gpu.nvml_info_payload import NvmlAnswer
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
 from sm120check.doctor.nvrtc_api import Compiled, NvrtcInfo, answer_from
-from sm120check.doctor.payloads import PayloadError
-from sm120check.doctor.payloads.nvml_info import NvmlAnswer
-from sm120check.doctor.payloads.nvrtc_launch import JitLaunch, LaunchRow
-from sm120check.doctor.payloads.sglang_comm import SglangCommAnswer
-from sm120check.doctor.payloads.torch_info import TorchInfo
+from sm120check.doctor.payload import PayloadError
+from sm120check.doctor.preflight import driver
+from sm120check.doctor.python_stack import torch
+from sm120check.doctor.python_stack.torch_info_payload import TorchInfo
+from sm120check.doctor.sglang_sm120 import sglang
+from sm120check.doctor.sglang_sm120.sglang_comm_payload import SglangCommAnswer
 
 GUARD = 60  # seconds: a hang guard for a doctor that must stop at once
 H200 = NvmlInfo(
@@ -191,15 +195,18 @@ def test_a_malformed_nvml_answer_is_an_nvml_error_naming_the_field() -> None:
 def test_the_real_probes_print_their_payload_type() -> None:
     """The torch (CPU build in the dev venv) and NVRTC probes run for real here; NVML answers or says why not."""
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    for module, payload in (("torch_info", TorchInfo), ("nvml_info", NvmlAnswer)):
+    for module, payload in (
+        ("sm120check.doctor.python_stack.torch_info_probe", TorchInfo),
+        ("sm120check.doctor.gpu.nvml_info_probe", NvmlAnswer),
+    ):
         out = subprocess.run(
-            [sys.executable, "-m", f"sm120check.doctor.probes.{module}"],
+            [sys.executable, "-m", module],
             capture_output=True, text=True, env=env, timeout=GUARD, check=True,
         ).stdout  # fmt: skip
         data = json.loads(out.strip().splitlines()[-1])
         assert payload.from_json(data).to_json() == data, module  # type: ignore[attr-defined]
     answer = answer_from(
-        child.run_probe("sm120check.doctor.probes.nvrtc_info", ["--compile", "sm_120"], timeout=GUARD).data
+        child.run_probe("sm120check.doctor.cuda_toolkit.nvrtc_info_probe", ["--compile", "sm_120"], timeout=GUARD).data
     )
     assert not answer.problem, answer.problem
 
@@ -351,6 +358,6 @@ def test_a_usage_error_after_the_early_torch_probe_ends_it_and_children_start_ag
 
 
 def cli_checks() -> list[Any]:
-    from sm120check.doctor.checks import all_checks
+    from sm120check.doctor.catalogue import all_checks
 
     return list(all_checks())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sm120check.doctor.checks import all_checks
+from sm120check.doctor.catalogue import all_checks
 
 ROLES = {path.name for path in (Path(__file__).parents[3] / "roles").iterdir() if path.is_dir()}
 NO_ROLE = {"comm", "node_health"}  # the GPUs together (comm) and their hardware (node_health): no role owns either

@@ -23,11 +23,11 @@ import pytest
 from doctor_helpers import SRC, doctor, write_manifest
 
 from sm120check.doctor import nvml_api, nvrtc_api
-from sm120check.doctor.checks.driver import nvml_answer, nvml_probe_verdict
-from sm120check.doctor.checks.nvrtc import nvrtc_probe_verdict
 from sm120check.doctor.child import ChildOutcome, run_command
+from sm120check.doctor.cuda_toolkit.nvrtc_verdict import nvrtc_probe_verdict
+from sm120check.doctor.gpu.nvml_info_payload import NvmlAnswer
 from sm120check.doctor.model import Status
-from sm120check.doctor.payloads.nvml_info import NvmlAnswer
+from sm120check.doctor.preflight.driver import nvml_answer, nvml_probe_verdict
 
 GUARD = 60  # seconds: the test's own limit for a doctor run that must end within --timeout (a few s) or at once
 HAS_CC = shutil.which("cc") is not None or shutil.which("gcc") is not None

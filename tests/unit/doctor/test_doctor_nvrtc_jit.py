@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from doctor_helpers import SRC, doctor, find_nvrtc_dir, fixture, write_manifest
 
-from sm120check.doctor.checks.nvrtc import nvrtc_verdict
-from sm120check.doctor.checks.nvrtc_launch import jit_verdict
+from sm120check.doctor.cuda_toolkit.nvrtc import nvrtc_verdict
+from sm120check.doctor.cuda_toolkit.nvrtc_launch import jit_verdict
+from sm120check.doctor.cuda_toolkit.nvrtc_launch_payload import JitLaunch, LaunchRow
 from sm120check.doctor.model import Status
 from sm120check.doctor.nvrtc_api import Compiled
-from sm120check.doctor.payloads.nvrtc_launch import JitLaunch, LaunchRow
 
 ARCHS_13_0 = [75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121]  # nvrtcGetSupportedArchs of NVRTC 13.0.88
 

@@ -13,10 +13,10 @@ import sys
 from doctor_helpers import SRC, doctor, fixture, gpu
 
 from sm120check.doctor import report
-from sm120check.doctor.checks import all_checks
-from sm120check.doctor.checks.driver import driver_verdict
+from sm120check.doctor.catalogue import all_checks
 from sm120check.doctor.model import Result, Status
 from sm120check.doctor.nvml_api import NvmlInfo
+from sm120check.doctor.preflight.driver import driver_verdict
 
 INFO = report.RunInfo("node1", "0.1.0", "2026-12-06T03:00:00+00:00", 3.4, 2, "")
 # The level-2 run on this GPU-less CPU machine (main at b76eafb): no driver, so eleven checks skip with its remedy.

@@ -7,9 +7,10 @@ import json
 import xml.etree.ElementTree as ET
 
 from sm120check.doctor import report
-from sm120check.doctor.health import kernel_log, verdicts
-from sm120check.doctor.health.payloads import KernelLog
+from sm120check.doctor.gpu import kernel_log
+from sm120check.doctor.gpu.payloads import KernelLog
 from sm120check.doctor.model import Result, Status
+from sm120check.doctor.node_health import verdicts
 
 INFO = report.RunInfo(
     host="node1",

@@ -260,7 +260,7 @@ def test_every_registered_check_declares_each_result_it_reads() -> None:
     helper it calls, is declared in its `requires` or `uses` (the runner-side guard catches the rest at run time)."""
     import inspect
 
-    from sm120check.doctor.checks import all_checks
+    from sm120check.doctor.catalogue import all_checks
 
     scanned = 0
     for check in all_checks():

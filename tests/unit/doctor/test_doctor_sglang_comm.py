@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from sm120check.doctor.checks.sglang_comm import judge_sglang_comm
 from sm120check.doctor.model import Status
-from sm120check.doctor.payloads.sglang_comm import SglangCommAnswer
 from sm120check.doctor.remedies import SGLANG_PATCH_RERUN as PATCH
+from sm120check.doctor.sglang_sm120.sglang_comm import judge_sglang_comm
+from sm120check.doctor.sglang_sm120.sglang_comm_payload import SglangCommAnswer
 
 RECORD = Path(__file__).resolve().parents[3] / "docs/validation/2026-12-01-h200-sglang-preflight/sglang_preflight.json"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from doctor_helpers import facts_for, fixture
 
-from sm120check.doctor.checks.toolkit import NvccSm120Check, no_host_compiler, parse_nvcc_version, toolkit_verdict
+from sm120check.doctor.cuda_toolkit.toolkit import NvccSm120Check, no_host_compiler, parse_nvcc_version, toolkit_verdict
 from sm120check.doctor.facts import CudaHome, resolve_cuda_home
 from sm120check.doctor.model import Context, Result, Status
 

@@ -15,9 +15,9 @@ import pytest
 from doctor_helpers import facts_for, gpu
 
 from bench.test_sglang_server_role import command, run_role
-from sm120check.doctor.checks.sglang_comm import SglangComm
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.report import RunInfo, to_json
+from sm120check.doctor.sglang_sm120.sglang_comm import SglangComm
 
 INTERPRETERS = {
     "hung": "exec sleep 600",

@@ -27,10 +27,11 @@ from doctor_helpers import facts_for
 from pcie_trees import ACS_OFF, GEFORCE, FakeLspci, Tree, amd_root_ports, recorded, root_complexes
 
 from sm120check.doctor import remedies, runner
-from sm120check.doctor.checks import pairs, pcie
 from sm120check.doctor.model import Context, Result, Status
-from sm120check.doctor.payloads.nccl_pair import PairRun
 from sm120check.doctor.pcie import node
+from sm120check.doctor.pcie_p2p import fabric as pcie
+from sm120check.doctor.pcie_p2p import nccl_pairs as pairs
+from sm120check.doctor.pcie_p2p.nccl_pair_payload import PairRun
 from sm120check.doctor.report import RunInfo, to_json
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -23,13 +23,14 @@ import pytest
 from test_launch_honours_p2p import ROOT, clean, nccl_pair_hangs, pcie_results, play_cases, translated
 from test_sglang_pcie_ipc import FAILED, ipc_run, judged
 
-from sm120check.comm.flashinfer_release import fusion_support
-from sm120check.doctor.checks import comm, pairs
+from sm120check.doctor.comm import collectives as comm
+from sm120check.doctor.comm import fusion_probe as fusion
+from sm120check.doctor.comm.topology_payload import AcsEvidence
 from sm120check.doctor.model import Result, Status
 from sm120check.doctor.nvml_api import Gpu
-from sm120check.doctor.payloads.nccl_pair import PairRun
-from sm120check.doctor.payloads.topology import AcsEvidence
-from sm120check.doctor.probes import fusion
+from sm120check.doctor.pcie_p2p import nccl_pairs as pairs
+from sm120check.doctor.pcie_p2p.nccl_pair_payload import PairRun
+from sm120check.jitcache.flashinfer_release import fusion_support
 
 
 def _comm_answers() -> ModuleType:

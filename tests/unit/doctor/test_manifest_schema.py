@@ -28,13 +28,17 @@ import yaml
 from lab.stand_ins import nccl_stand_in_venv
 from sm120check import __version__, manifest
 from sm120check.doctor import child, facts, loader, nvrtc_api
-from sm120check.doctor.checks import abi, driver, env, stack, toolkit, torch
-from sm120check.doctor.checks import nvrtc as nvrtc_checks
-from sm120check.doctor.checks import platform as platform_checks
+from sm120check.doctor.catalogue import all_checks
+from sm120check.doctor.cuda_env import env
+from sm120check.doctor.cuda_toolkit import nvrtc as nvrtc_checks
+from sm120check.doctor.cuda_toolkit import toolkit
+from sm120check.doctor.gpu.nvml_info_payload import NvmlAnswer
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
-from sm120check.doctor.payloads.nvml_info import NvmlAnswer
-from sm120check.doctor.payloads.torch_info import TorchInfo
+from sm120check.doctor.preflight import driver
+from sm120check.doctor.python_stack import abi, stack, torch
+from sm120check.doctor.python_stack.torch_info_payload import TorchInfo
+from sm120check.doctor.sm120check import manifest as manifest_check
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -250,7 +254,7 @@ def test_a_missing_manifest_has_the_missing_kind_and_the_manifest_check_warns(tm
     with pytest.raises(manifest.ManifestError) as caught:
         manifest.load(tmp_path / "absent.json")
     assert caught.value.kind is manifest.ErrorKind.MISSING
-    check = platform_checks.ManifestCheck()
+    check = manifest_check.ManifestCheck()
     missing = check.run(Context(manifest_error=str(caught.value), manifest_error_kind=caught.value.kind))
     # The kind decides, not the words: a message that happens to say "does not exist" but is invalid still fails.
     invalid = check.run(Context(manifest_error="x does not exist", manifest_error_kind=manifest.ErrorKind.INVALID))
@@ -293,7 +297,7 @@ def doc_table() -> dict[str, str]:
 
 
 def test_the_docs_table_lists_exactly_the_schema_fields_and_real_checks() -> None:
-    from sm120check.doctor.checks import all_checks
+    from sm120check.doctor.catalogue import all_checks
 
     table = doc_table()
     assert set(table) == schema_fields()
@@ -309,8 +313,8 @@ def test_only_the_named_check_reads_each_cuda_and_nccl_field(field: str) -> None
     """The issue's bug: cuda.lib_dir read by two checks, nccl.lib_dir by none. Each is read by one check module."""
     pattern = re.compile(rf"\.{re.escape(field)}\b")
     readers = sorted(
-        p.stem for p in (ROOT / "python/sm120check/src/sm120check/doctor/checks").glob("*.py") if pattern.search(
-            p.read_text(encoding="utf-8"))
+        p.stem for p in {Path(sys.modules[type(c).__module__].__file__ or "") for c in all_checks()}
+        if pattern.search(p.read_text(encoding="utf-8"))
     )  # fmt: skip
     owner = doc_table()[field]
     assert readers == [Path(CHECK_MODULES[owner].__file__ or "").stem]
@@ -381,7 +385,7 @@ def test_every_field_has_a_mutation_below() -> None:
 
 
 CHECK_CLASSES: dict[str, Callable[[], Any]] = {
-    "manifest": platform_checks.ManifestCheck,
+    "manifest": manifest_check.ManifestCheck,
     "toolkit": toolkit.ToolkitCheck,
     "nvrtc": nvrtc_checks.NvrtcCheck,
     "abi_libs": abi.AbiLibsCheck,

@@ -11,9 +11,10 @@ from doctor_helpers import facts_for, gpu
 from pcie_trees import ACS_OFF, ACS_ON, AMD_GPP, GEFORCE, PLX, FakeLspci, Tree, amd_root_ports, plx_switch, recorded
 
 from sm120check.doctor import remedies, runner
-from sm120check.doctor.checks import all_checks, pcie
+from sm120check.doctor.catalogue import all_checks
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.pcie import node
+from sm120check.doctor.pcie_p2p import fabric as pcie
 
 
 def run(facts: node.PcieFacts) -> dict[str, Result]:

@@ -17,9 +17,9 @@ from doctor_helpers import facts_for
 from pcie_trees import ACS_OFF, FakeLspci, Tree, plx_switch, recorded
 
 from sm120check.doctor import runner
-from sm120check.doctor.checks import pcie
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.pcie import cmdline, kernel_log, node
+from sm120check.doctor.pcie_p2p import fabric as pcie
 
 RECORD = Path(__file__).resolve().parents[3] / "docs/validation/2026-12-02-h200-sglang-server/pcie-doctor-run1.json"
 H200 = "0000:00:06.0"

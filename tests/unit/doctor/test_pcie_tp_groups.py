@@ -18,10 +18,10 @@ from doctor_helpers import facts_for
 from pcie_trees import ACS_OFF, FakeLspci, Tree, amd_root_ports, plx_switch, root_complexes
 
 from sm120check.doctor import runner
-from sm120check.doctor.checks import pcie
 from sm120check.doctor.model import Context, Result
-from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.payload import PayloadError
 from sm120check.doctor.pcie import node, sysfs, tp_groups
+from sm120check.doctor.pcie_p2p import fabric as pcie
 from sm120check.doctor.report import RunInfo, to_json
 from sm120check.fleet import render
 from sm120check.fleet.load import node_from_document

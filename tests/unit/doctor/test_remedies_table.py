@@ -2,7 +2,7 @@
 table names tags that site.yml's plays and roles have.
 
 The first rule is read from the source with `ast`: each `remedy=` keyword, and the remedy argument of a call to
-anything whose signature or fields have a `remedy` (Result, Verdict, a check module's `_result` / `_fail` / Choice),
+anything whose signature or fields have a `remedy` (Result, a check module's `_result` / `_fail` / Choice),
 must be a reference into the table: `remedies.NAME`, a call `remedies.function(...)`, a name imported from it, or a
 variable whose every assignment is one of those. A string written in the check itself (literal, f-string, "x" +
 remedies.Y) fails the test, naming the file, line and expression. Reading `.remedy` off a typed object passes only
@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,13 +24,15 @@ import pytest
 import yaml
 
 from sm120check.doctor import remedies
+from sm120check.doctor.catalogue import all_checks
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCTOR = ROOT / "python" / "sm120check" / "src" / "sm120check" / "doctor"
 # What the rule judges: every check module, and the node-health verdicts.
 JUDGED = (
-    *sorted((DOCTOR / "checks").glob("*.py")),
-    DOCTOR / "health" / "verdicts.py",
+    *sorted({Path(sys.modules[type(check).__module__].__file__ or "") for check in all_checks()}),
+    DOCTOR / "node_health" / "verdicts.py",
+    DOCTOR / "probecheck.py",
     DOCTOR / "runner.py",
     DOCTOR / "stackenv.py",
 )
@@ -38,11 +41,12 @@ SIGNATURES = (DOCTOR / "model.py",)
 REMEDIES_MODULE = "sm120check.doctor.remedies"
 # `<object>.remedy` read back from a typed object that got its remedy where it was built, per (file, expression).
 PASS_THROUGH: Mapping[tuple[str, str], str] = {
-    ("comm.py", "prior.remedy"): "a prerequisite's Result: its own check built it (and is judged here)",
+    ("probecheck.py", "prior.remedy"): "a prerequisite's Result: its own check built it (and is judged here)",
+    ("probecheck.py", "self.remedy"): "a ProbeCheck's declared remedy: the ClassVar each check sets from remedies.py",
     ("runner.py", "prior.remedy"): "a prerequisite's Result, passed to the check that skips for it",
-    ("comm.py", "gate.remedy"): "flashinfer_release.FusionGate: the FlashInfer upgrade its gate names",
+    ("collectives.py", "gate.remedy"): "flashinfer_release.FusionGate: the FlashInfer upgrade its gate names",
     ("sglang_comm.py", "c.remedy"): "a Choice: its remedy is judged at each Choice(...) call",
-    ("health.py", "verdict.remedy"): "a health Verdict: judged at each Verdict(...) call in health/verdicts.py",
+    ("health.py", "verdict.remedy"): "a health verdict: judged at each Result(...) call in node_health/verdicts.py",
 }
 
 # The table's names: its strings and the functions it defines (not what it imports).
@@ -217,7 +221,7 @@ def judged() -> tuple[list[Module], dict[str, int | None]]:
 
 def test_every_remedy_of_the_checks_and_health_verdicts_is_a_name_from_remedies_py() -> None:
     modules, positions = judged()
-    assert {"Result", "Verdict"} <= positions.keys(), "Result or Verdict lost its remedy field"
+    assert {"Result"} <= positions.keys(), "Result lost its remedy field"
     found = violations(modules, positions)
     assert not found, "remedies not taken from doctor/remedies.py (name them there):\n" + "\n".join(found)
 

@@ -1,7 +1,8 @@
 """SGLang's own PcieIpcCommunicator in the `sglang_comm` check (issue 38, item 1): the probe calls only what SGLang
 0.5.22 and 0.5.23 define (read from the release sources), the payload reads strictly, and the judge turns the ranks'
-runs into the verdict the launch role reads. The two-rank answers are shaped as probes/sglang_pcie_ipc.py writes them,
-with SGLang's own log lines from pcie_ipc_ar.py; the two-GPU run itself is in docs/validation/not-yet-run.md."""
+runs into the verdict the launch role reads. The two-rank answers are shaped as the probe
+(doctor/sglang_sm120/sglang_pcie_ipc_probe.py) writes them, with SGLang's own log lines from pcie_ipc_ar.py; the
+two-GPU run itself is in docs/validation/not-yet-run.md."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ import pytest
 
 from lab.sglang_releases import release_dir
 from sm120check.doctor import remedies
-from sm120check.doctor.checks.sglang_comm import judge_sglang_comm
 from sm120check.doctor.model import Status
-from sm120check.doctor.payloads import Fields, PayloadError
-from sm120check.doctor.payloads.sglang_comm import PcieIpcRun, SglangCommAnswer
-from sm120check.doctor.probes import sglang_pcie_ipc
+from sm120check.doctor.payload import Fields, PayloadError
+from sm120check.doctor.sglang_sm120 import sglang_pcie_ipc_probe as sglang_pcie_ipc
+from sm120check.doctor.sglang_sm120.sglang_comm import judge_sglang_comm
+from sm120check.doctor.sglang_sm120.sglang_comm_payload import PcieIpcRun, SglangCommAnswer
 
 ROOT = Path(__file__).resolve().parents[3]
 RECORD = ROOT / "docs/validation/2026-12-01-h200-sglang-preflight/sglang_preflight.json"
@@ -131,7 +132,7 @@ def test_the_payload_round_trips_and_reads_strictly() -> None:
 
 def test_a_bad_row_count_is_refused_before_any_rank_starts() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "sm120check.doctor.probes.sglang_comm", "--pcie-ipc-rows", "0"],
+        [sys.executable, "-m", "sm120check.doctor.sglang_sm120.sglang_comm_probe", "--pcie-ipc-rows", "0"],
         capture_output=True,
         text=True,
         timeout=60,

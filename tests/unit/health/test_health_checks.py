@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from sm120check.doctor import child, cli, facts, report
-from sm120check.doctor.checks import all_checks
-from sm120check.doctor.checks import health as health_checks
-from sm120check.doctor.health import ancestry
-from sm120check.doctor.health.payloads import NodeHealth
+from sm120check.doctor.catalogue import all_checks
+from sm120check.doctor.gpu import ancestry
+from sm120check.doctor.gpu.payloads import NodeHealth
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.node_health import health as health_checks
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "health"
 HEALTH_IDS = {

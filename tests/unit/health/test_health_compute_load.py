@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from sm120check.doctor.health import load, verdicts
-from sm120check.doctor.health.payloads import ClockSample, ComputeLoad, GpuHealth, NodeHealth
+from sm120check.doctor.gpu import load
+from sm120check.doctor.gpu.payloads import ClockSample, ComputeLoad, GpuHealth, NodeHealth
+from sm120check.doctor.node_health import verdicts
 from sm120check.doctor.nvrtc_api import Nvrtc, NvrtcError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "health"
@@ -64,7 +65,7 @@ def test_nvrtc_from_a_wheel_off_the_loader_path_finds_its_builtins_and_compiles(
     wheel = [p for p in load.nvrtc_candidates() if "site-packages" in p]
     assert wheel, "no nvidia-cuda-nvrtc wheel on sys.path: `make dev` installs it (requirements-dev.txt)"
     code = (
-        "import sys; from sm120check.doctor.health import load; "
+        "import sys; from sm120check.doctor.gpu import load; "
         "ptx = load.compile_ptx(load._open_file(sys.argv[1]), 'compute_90'); print(len(ptx))"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), LD_LIBRARY_PATH="/nonexistent")

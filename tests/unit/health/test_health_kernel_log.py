@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sm120check.doctor.health import kernel_log, verdicts
-from sm120check.doctor.health.payloads import KernelLog
-from sm120check.doctor.health.xid import AZUREHPC_XIDS, CATALOGUE, lookup
+from sm120check.doctor.gpu import kernel_log
+from sm120check.doctor.gpu.payloads import KernelLog
+from sm120check.doctor.gpu.xid import AZUREHPC_XIDS, CATALOGUE, lookup
+from sm120check.doctor.node_health import verdicts
 
 # Lines as the driver prints them (NVIDIA's Xid docs format `NVRM: Xid (PCI:<bus>): <xid>, pid=..., name=..., <text>`;
 # the others as posted in NVIDIA/open-gpu-kernel-modules#1151 and user logs with older drivers).

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from sm120check.doctor.health import load
-from sm120check.doctor.health.payloads import LinkSample
+from sm120check.doctor.gpu import load
+from sm120check.doctor.gpu.payloads import LinkSample
 
 
 class FakeCuda(load.Cuda):

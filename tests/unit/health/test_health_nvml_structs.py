@@ -6,8 +6,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from sm120check.doctor.health import nvml_health
-from sm120check.doctor.health.nvml_health import Bar1Memory, Memory, Nvml, ProcessInfo
+from sm120check.doctor.gpu import nvml_health
+from sm120check.doctor.gpu.nvml_health import Bar1Memory, Memory, Nvml, ProcessInfo
 from sm120check.doctor.nvml_api import PciInfo
 
 

@@ -1,4 +1,4 @@
-"""The doctor's torch check and preflight hold NCCL to the one floor of doctor/health/nccl_floor.json."""
+"""The doctor's torch check and preflight hold NCCL to the one floor of doctor/nccl_floor.json."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from sm120check.doctor.checks import torch as torch_check
-from sm120check.doctor.health import load, nccl_floor
+from sm120check.doctor import nccl_floor
+from sm120check.doctor.gpu import load
 from sm120check.doctor.model import Status
-from sm120check.doctor.payloads.torch_info import TorchInfo
+from sm120check.doctor.python_stack import torch as torch_check
+from sm120check.doctor.python_stack.torch_info_payload import TorchInfo
 
 
 def _torch(nccl: str) -> TorchInfo:
@@ -32,7 +33,7 @@ def test_the_torch_check_accepts_releases_at_or_above_the_floor(nccl: str) -> No
 
 def test_the_table_is_shipped_as_package_data() -> None:
     pyproject = Path(__file__).resolve().parents[3] / "python/sm120check/pyproject.toml"
-    assert '"doctor/health/nccl_floor.json"' in pyproject.read_text(encoding="utf-8")
+    assert '"doctor/nccl_floor.json"' in pyproject.read_text(encoding="utf-8")
     assert nccl_floor.TABLE.is_file() and nccl_floor.KNOWN_BAD
 
 

@@ -15,14 +15,16 @@ import pytest
 
 from lab.gpu_less import NO_DRIVER, NVML_ABSENT
 from sm120check.doctor import facts, remedies
-from sm120check.doctor.checks import all_checks
-from sm120check.doctor.checks import pcie as pcie_checks
-from sm120check.doctor.checks import peer as peer_check
-from sm120check.doctor.health import load, peer, verdicts
-from sm120check.doctor.health.payloads import PeerAnswer, PeerLink, PeerPair
+from sm120check.doctor.catalogue import all_checks
+from sm120check.doctor.comm import peer as peer_check
+from sm120check.doctor.comm import peer_copies as peer
+from sm120check.doctor.gpu import load
+from sm120check.doctor.gpu.payloads import PeerAnswer, PeerLink, PeerPair
 from sm120check.doctor.model import Context, Result, Status
+from sm120check.doctor.node_health import verdicts
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
-from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.payload import PayloadError
+from sm120check.doctor.pcie_p2p import fabric as pcie_checks
 
 GUARD_S = 120  # hang guard for the real doctor run: it takes a few seconds here
 BUS = ("00000000:01:00.0", "00000000:02:00.0")
@@ -297,7 +299,7 @@ def test_the_real_probe_answers_on_this_machine_and_the_check_reads_it() -> None
     """Two GPUs in the facts, none in the machine: the real probe runs and says why it measured nothing."""
     result = peer_check.PeerBandwidth().run(_ctx(0, 1))
     answer = subprocess.run(
-        [sys.executable, "-m", "sm120check.doctor.probes.peer_bandwidth", "--gpus", "0,1", "--timeout", "10"],
+        [sys.executable, "-m", "sm120check.doctor.comm.peer_bandwidth_probe", "--gpus", "0,1", "--timeout", "10"],
         capture_output=True,
         text=True,
         timeout=GUARD_S,
@@ -334,7 +336,7 @@ def test_doctor_level_3_does_not_fail_because_of_it_here() -> None:
 def test_a_hung_peer_probe_fails_naming_the_probe_the_timeout_and_its_last_step() -> None:
     """The outcome a killed child gives (its stderr with the step marks the probe printed): one FAIL, level 3."""
     from sm120check.doctor import child
-    from sm120check.doctor.checks.comm import child_failure
+    from sm120check.doctor.probecheck import child_failure
 
     hung = child.ChildOutcome(
         ok=False,

@@ -14,9 +14,11 @@ import pytest
 
 from lab.gpu_less import NO_DRIVER, NVML_ABSENT
 from lab.sglang_releases import release_dir
-from sm120check.doctor.health import kernel_log, nccl_floor, sglang_configs, verdicts
-from sm120check.doctor.health.load import pci_key
-from sm120check.doctor.health.payloads import GpuHealth, NodeHealth
+from sm120check.doctor import nccl_floor
+from sm120check.doctor.gpu import kernel_log
+from sm120check.doctor.gpu.load import pci_key
+from sm120check.doctor.gpu.payloads import GpuHealth, NodeHealth
+from sm120check.doctor.node_health import sglang_configs, verdicts
 
 SRC = Path(__file__).resolve().parents[3] / "python" / "sm120check" / "src"
 RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "health" / "h200-2026-12-01-busy.json"
@@ -32,7 +34,7 @@ def gpu_named(name: str) -> GpuHealth:
 def test_probe_without_nvml_prints_a_payload_saying_why() -> None:
     env = dict(os.environ, PYTHONPATH=str(SRC), LD_LIBRARY_PATH="/nonexistent")
     proc = subprocess.run(
-        [sys.executable, "-m", "sm120check.doctor.probes.node_health", "--no-load"],
+        [sys.executable, "-m", "sm120check.doctor.gpu.node_health_probe", "--no-load"],
         capture_output=True,
         text=True,
         timeout=60,  # hang guard: it takes well under a second

@@ -3,13 +3,21 @@ a healthy Gen5 x16 GPU at 87 % of the link's raw copy rate passes every check, r
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
 
-from sm120check.doctor.health.payloads import NodeHealth
-from sm120check.doctor.health.show import judge
+from sm120check.doctor.gpu.payloads import NodeHealth
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "health"
+_SHOW = Path(__file__).resolve().parents[3] / "scripts" / "device" / "health_show.py"
+_spec = importlib.util.spec_from_file_location("health_show", _SHOW)
+assert _spec is not None and _spec.loader is not None
+health_show = importlib.util.module_from_spec(_spec)
+sys.modules["health_show"] = health_show
+_spec.loader.exec_module(health_show)
+judge = health_show.judge
 
 
 def _load(name: str) -> NodeHealth:

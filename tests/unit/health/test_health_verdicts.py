@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from sm120check.doctor.health import verdicts
-from sm120check.doctor.health.kernel_log import parse
-from sm120check.doctor.health.payloads import (
+from sm120check.doctor.gpu.kernel_log import parse
+from sm120check.doctor.gpu.payloads import (
     NOT_SUPPORTED,
     GpuHealth,
     GpuProcess,
@@ -21,8 +20,9 @@ from sm120check.doctor.health.payloads import (
     Reading,
     missing,
 )
-from sm120check.doctor.health.sglang_configs import TunedConfigs
-from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.node_health import verdicts
+from sm120check.doctor.node_health.sglang_configs import TunedConfigs
+from sm120check.doctor.payload import PayloadError
 
 GIB = 1 << 30
 

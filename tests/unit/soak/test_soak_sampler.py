@@ -8,7 +8,7 @@ import ctypes
 from typing import Any
 
 from sm120check.bench.closedloop import RequestRecord
-from sm120check.doctor.health.nvml_health import Nvml
+from sm120check.doctor.gpu.nvml_health import Nvml
 from sm120check.soak import sampler
 from sm120check.soak.drive import intervals
 

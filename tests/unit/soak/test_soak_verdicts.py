@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from sm120check.doctor.health import kernel_log
+from sm120check.doctor.gpu import kernel_log
 from sm120check.doctor.model import Result, Status
 from sm120check.soak import verdicts
 from sm120check.soak.samples import GpuSample, Sample, SamplerNote, ServerInterval, XidSample

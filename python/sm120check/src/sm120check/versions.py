@@ -28,6 +28,20 @@ def parse_or_none(text: str | None) -> tuple[int, ...] | None:
         return None
 
 
+def triple(text: str) -> tuple[int, int, int] | None:
+    """Exactly MAJOR.MINOR.PATCH, then nothing or a "-build" / "+local" part, as the NCCL packages print it
+    ("2.30.7", "2.30.7-1+cuda13.0" -> (2, 30, 7)); None otherwise (a "v", a pre-release, a fourth number)."""
+    match = _RELEASE.match(text)
+    if match is None or not text.lstrip()[:1].isdigit():
+        return None
+    numbers = match.group(1).split(".")
+    rest = text[match.end() :]
+    if len(numbers) != 3 or not (rest[:1] in ("-", "+") or not rest.strip()):
+        return None
+    major, minor, patch = (int(n) for n in numbers)
+    return major, minor, patch
+
+
 def at_least(version: str, minimum: str) -> bool:
     """True when `version` >= `minimum`, comparing numerically and padding the shorter with zeros."""
     have, want = parse(version), parse(minimum)

@@ -134,7 +134,7 @@ def main(args: argparse.Namespace) -> int:
     if args.jit_timeout is not None and not (math.isfinite(args.jit_timeout) and args.jit_timeout > 0):
         return _usage(f"--jit-timeout {args.jit_timeout}: give a finite, positive number of seconds")
     if args.list:
-        from sm120check.doctor.checks import all_checks
+        from sm120check.doctor.catalogue import all_checks
 
         sys.stdout.write(list_checks(all_checks()))
         return Exit.OK
@@ -181,7 +181,7 @@ def _abandon(early: Future[child.ChildOutcome] | None, code: int) -> int:
 
 def _planned(args: argparse.Namespace, ctx: Context, early: Future[child.ChildOutcome] | None) -> int:
     from sm120check.doctor import report, runner
-    from sm120check.doctor.checks import all_checks
+    from sm120check.doctor.catalogue import all_checks
 
     try:
         chosen = runner.plan(all_checks(), level=args.level, select=_ids(args.select), skip=_ids(args.skip))
@@ -210,8 +210,9 @@ def _run(
     args: argparse.Namespace, chosen: list[Check], ctx: Context, early: Future[child.ChildOutcome] | None = None
 ) -> int:
     from sm120check.doctor import report, runner
-    from sm120check.doctor.checks import health, pcie
-    from sm120check.doctor.checks import torch as torch_check
+    from sm120check.doctor.node_health import health
+    from sm120check.doctor.pcie_p2p import fabric as pcie
+    from sm120check.doctor.python_stack import torch as torch_check
 
     started_epoch = time.time()
     start = time.monotonic()

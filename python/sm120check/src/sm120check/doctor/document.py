@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sm120check.doctor.model import Result, Status
-from sm120check.doctor.payloads import Fields, PayloadError
+from sm120check.doctor.payload import Fields, PayloadError
 
 JSON_SCHEMA = 1
 TOOL = "sm120check doctor"
@@ -173,7 +173,7 @@ def build(
     manifest: str,
     interrupted: str = "",
 ) -> DoctorReport:
-    """The report of one run; `interrupted` the signal's name when the run was stopped ("" when it finished)."""
+    """The report of a run; `interrupted` the signal's name when the run was stopped ("" when it finished)."""
     stopped = None
     if interrupted:
         stopped = Interruption(interrupted, tuple(r.id for r in results if r.data.get("interrupted")))

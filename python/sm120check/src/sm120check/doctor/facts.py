@@ -25,17 +25,17 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from sm120check.doctor import child
-from sm120check.doctor.health.payloads import NodeHealth
+from sm120check.doctor.gpu.nvml_info_payload import NvmlAnswer
+from sm120check.doctor.gpu.payloads import NodeHealth
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
-from sm120check.doctor.payloads import PayloadError
-from sm120check.doctor.payloads.nvml_info import NvmlAnswer
+from sm120check.doctor.payload import PayloadError
 from sm120check.doctor.pcie.node import PcieFacts
 from sm120check.manifest import Manifest
 
-NVML_PROBE = "sm120check.doctor.probes.nvml_info"
+NVML_PROBE = "sm120check.doctor.gpu.nvml_info_probe"
 NVML_TIMEOUT = 30.0  # NVML reads take well under a second; a GPU off the bus can make nvmlInit slow, not this slow
-HEALTH_PROBE = "sm120check.doctor.probes.node_health"
-TORCH_PROBE = "sm120check.doctor.probes.torch_info"
+HEALTH_PROBE = "sm120check.doctor.gpu.node_health_probe"
+TORCH_PROBE = "sm120check.doctor.python_stack.torch_info_probe"
 # At rest the probe takes well under a second; the load takes about 1.5 s of copies and 0.5 s of SM load per GPU
 # (copies stop at 2.5 s a direction even on a Gen1 x1 link): 90 s covers 8 GPUs at their slowest.
 HEALTH_TIMEOUT = 90.0

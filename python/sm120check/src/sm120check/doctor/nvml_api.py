@@ -1,6 +1,6 @@
 """The driver's view through NVML: pynvml when importable, else ctypes on libnvidia-ml.so.1.
 
-`read()` loads NVML into the calling process: only the probe `probes/nvml_info.py` calls it, in a child
+`read()` loads NVML into the calling process: only the probe `gpu/nvml_info_probe.py` calls it, in a child
 process with a hard timeout, so that a pynvml that hangs on import or a libnvidia-ml that blocks or
 segfaults cannot take the doctor down. `step` is told what is about to happen (the import, the dlopen,
 each NVML call), so a hang or a crash can be reported with the step it happened in.

@@ -1,6 +1,6 @@
 """NVRTC through ctypes, opened by soname the way sgl_kernel opens it.
 
-The doctor itself never opens NVRTC: the probe `probes/nvrtc_info.py` does, in a child process with a
+The doctor itself never opens NVRTC: the probe `cuda_toolkit/nvrtc_info_probe.py` does, in a child process with a
 hard timeout (a library whose constructor blocks, or that segfaults, must not take the doctor down).
 `probe()` runs that child and turns its answer back into an `Opened` and `Compiled` values.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sm120check.doctor import child, loader
-from sm120check.doctor.payloads import Fields, PayloadError
+from sm120check.doctor.payload import Fields, PayloadError
 
 SONAME = "libnvrtc.so.13"
 
@@ -120,7 +120,7 @@ class Nvrtc:
         return buffer.value.decode(errors="replace").strip()
 
 
-PROBE = "sm120check.doctor.probes.nvrtc_info"
+PROBE = "sm120check.doctor.cuda_toolkit.nvrtc_info_probe"
 
 
 @dataclass(frozen=True)
@@ -149,8 +149,9 @@ class ProbeAnswer:
 
 @dataclass(frozen=True)
 class NvrtcInfo:
-    """The answer of probes/nvrtc_info.py (its payload type, here beside the ctypes reader both sides import):
-    `open_error` when the soname does not resolve; else the file, its version and architectures (`version_error`
+    """The answer of cuda_toolkit/nvrtc_info_probe.py (its payload type, here beside the ctypes reader both sides
+    import): `open_error` when the soname does not resolve; else the file, its version and architectures
+    (`version_error`
     when asking them failed) and the test kernel compiled for each asked architecture."""
 
     open_error: str = ""

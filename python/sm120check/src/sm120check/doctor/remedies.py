@@ -32,11 +32,11 @@ FLASHINFER_JIT = tags(
 # Every remedy the doctor prints is a name below (or above), by the family that fixes it; checks use the names,
 # never literal text (tests/unit/doctor/test_remedies_table.py fails on an inline `remedy=`).
 
-# preflight: the OS and interpreter the CUDA 13 wheels need (checks/platform.py)
+# preflight: the OS and interpreter the CUDA 13 wheels need (preflight/platform.py)
 PYTHON_TOO_OLD = f"set python_stack_python to a Python >= 3.10 interpreter; {PYTHON_STACK}"  # Python < 3.10
 GLIBC_TOO_OLD = "use a distribution with glibc >= 2.28 (Debian 12, Ubuntu 22.04/24.04)"  # manylinux_2_28 wheels
 
-# driver: the kernel driver, its device nodes and NVML (checks/driver.py, checks/nvrtc_launch.py)
+# driver: the kernel driver, its device nodes and NVML (preflight/driver.py, cuda_toolkit/nvrtc_launch.py)
 # NVML's library and the loaded kernel module differ (or a container without the NVIDIA container toolkit).
 DRIVER_LIBRARY_MISMATCH = (
     "a driver/library version mismatch: reboot after a driver upgrade, or in a container start it with "
@@ -54,16 +54,19 @@ DEVICE_NODES = "load the driver (`nvidia-modprobe`), or in a container pass the 
 UVM_NODE = "`nvidia-modprobe -u -c=0` on the host; in a container add --device /dev/nvidia-uvm"  # no /dev/nvidia-uvm
 PERSISTENCE_MODE = "`nvidia-smi -pm 1` (or enable the nvidia-persistenced service)"  # persistence mode off
 
-# cuda_toolkit: nvcc and NVRTC of the pinned release (checks/toolkit.py, checks/nvrtc.py, checks/nvrtc_launch.py)
+# cuda_toolkit: nvcc and NVRTC of the pinned release (cuda_toolkit/toolkit.py, cuda_toolkit/nvrtc.py,
+# cuda_toolkit/nvrtc_launch.py)
 TOOLKIT = f"{CUDA_TOOLKIT}, then {CUDA_ENV} (sets CUDA_HOME / CUDA_PATH / PATH)"  # no working nvcc under CUDA_HOME
 TOOLKIT_VERSION = f"{TOOLKIT} (cuda_toolkit_version)"  # nvcc is not the manifest's release
 HOST_COMPILER = f"apt install g++ ({CUDA_TOOLKIT} installs it)"  # nvcc found no host compiler
 NVRTC_NO_SM120 = f"{CUDA_TOOLKIT} (cuda_toolkit_version)"  # this NVRTC does not list sm_120
 NVRTC_NO_SM120F = f"{CUDA_TOOLKIT} (cuda_toolkit_version: an NVRTC >= 12.9 that knows sm_120f)"  # a compile failed
-NVRTC_LAUNCH_PROBE = "run `python -m sm120check.doctor.probes.nvrtc_launch` by hand to see the error"  # probe died
+NVRTC_LAUNCH_PROBE = (
+    "run `python -m sm120check.doctor.cuda_toolkit.nvrtc_launch_probe` by hand to see the error"  # probe died
+)
 
 
-# cuda_env: CUDA_HOME, the loader entries and the venv's start-up hook (checks/toolkit.py, nvrtc.py, env.py, ...)
+# cuda_env: CUDA_HOME, the loader entries and the venv's start-up hook (cuda_toolkit/toolkit.py, nvrtc.py, env.py, ...)
 def cuda_home(want_home: str) -> str:
     """CUDA_HOME resolves elsewhere than the manifest's `cuda.home`."""
     return f"{CUDA_ENV} (exports CUDA_HOME={want_home}) and start a new shell"
@@ -98,7 +101,7 @@ def env_hook(module: str) -> str:
 
 ENV_DEAD_FILE = f"delete the dead file; the .pth hook does its job ({CUDA_ENV})"  # a shadowed sitecustomize.py
 
-# python_stack: the stack venv's pinned wheels (checks/torch.py, abi.py, stack.py, env.py, flashinfer_jit.py)
+# python_stack: the stack venv's pinned wheels (python_stack/torch.py, abi.py, stack.py, env.py, flashinfer_jit.py)
 TORCH = f"{PYTHON_STACK} (sm120kit_profiles: torch pinned to a CUDA 13 build, >= 2.11)"  # torch is not a CUDA 13 build
 FULL_PROFILE = f"the full profile installs it: {PYTHON_STACK} -e sm120kit_profile=full"  # torch / SGLang absent
 STACK_PINS = f"{PYTHON_STACK} (sm120kit_profiles / sm120kit_extra_python_packages)"  # venv differs from the pins
@@ -117,17 +120,18 @@ def cuda12_wheels(venv: str, names: str) -> str:
     return (f"{venv}/bin/pip uninstall -y {names}; then " if names else "") + PYTHON_STACK
 
 
-# sm120check: the checker and the node manifest it writes (checks/platform.py, checks/stack.py)
+# sm120check: the checker and the node manifest it writes (preflight/platform.py, python_stack/stack.py)
 MANIFEST_MISSING = f"{SM120CHECK} (writes {manifest.DEFAULT_PATH}), or pass --manifest PATH"  # none or unusable
 MANIFEST_STALE = f"{SM120CHECK} to install the matching checker and rewrite the manifest"  # another sm120kit wrote it
 NO_MANIFEST = f"{SM120CHECK}, or pass --manifest PATH"  # a comparison that needs the manifest
 
-# sglang_sm120: SGLang's SM120 patch and what a server started now would choose (checks/sglang.py, sglang_comm.py)
+# sglang_sm120: SGLang's SM120 patch and what a server started now would choose (sglang_sm120/sglang.py, sglang_comm.py)
 SGLANG_PATCH = "sm120check sglang patch (role sglang_sm120, tag sglang_sm120_configure); undo with --revert"
 SGLANG_PATCH_RERUN = "sm120check sglang patch (role sglang_sm120, tag sglang_sm120_configure), then rerun the doctor"
 # The SGLang communication probe's answer could not be read.
 SGLANG_PROBE_MALFORMED = (
-    "report it to the sm120kit maintainers with the probe's output (python -m sm120check.doctor.probes.sglang_comm)"
+    "report it to the sm120kit maintainers with the probe's output "
+    "(python -m sm120check.doctor.sglang_sm120.sglang_comm_probe)"
 )
 # SGLang's workspace preflight could not allocate.
 GPU_MEMORY = "free GPU memory before the server starts (nvidia-smi shows who holds it), or lower --mem-fraction-static"
@@ -145,7 +149,7 @@ SGLANG_PCIE_IPC_OFF = (
 )
 
 
-# node health (checks/health.py, health/verdicts.py): hardware, so no role fixes it; the step a person takes.
+# node health (node_health/health.py, node_health/verdicts.py): hardware, so no role fixes it; the step a person takes.
 def all_of(*parts: str) -> str:
     """Several remedies as one (each once, in order): a node verdict over GPUs, the Xids' next steps."""
     return "; ".join(dict.fromkeys(p for p in parts if p))
@@ -218,7 +222,7 @@ def unskip(required: str) -> str:  # a prerequisite left out with --skip
     return f"run without `--skip {required}` (or add `--select {required}`)"
 
 
-# multi-GPU communication (checks/comm.py): the node's GPUs together, so no one role owns it
+# multi-GPU communication (comm/collectives.py): the node's GPUs together, so no one role owns it
 # PCIe P2P hangs or is refused: the IOMMU translates peer DMA, or ACS sends it up to the root complex.
 COMM_P2P = (
     "PCIe P2P is blocked: confirm by rerunning with NCCL_P2P_DISABLE=1 (slower, but it completes); fix by booting "
@@ -236,15 +240,15 @@ def comm_select(check: str) -> str:
     return f"add `--select {check}`"
 
 
-def comm_malformed(probe: str) -> str:
-    """A communication probe printed an answer that does not fit its payload type."""
-    return f"report it to the sm120kit maintainers with the probe's output (python -m sm120check.doctor.probes.{probe})"
+def comm_malformed(module: str) -> str:
+    """A communication probe (the child module `module`) printed an answer that does not fit its payload type."""
+    return f"report it to the sm120kit maintainers with the probe's output (python -m {module})"
 
 
 def nccl_upgrade(version: str) -> str:
     """NCCL returned wrong sums or faulted at a message size (NVIDIA/nccl#2418 and kin); the floor from the one
-    NCCL table (health/nccl_floor.py)."""
-    from sm120check.doctor.health import nccl_floor
+    NCCL table (nccl_floor.py)."""
+    from sm120check.doctor import nccl_floor
 
     confirmed = ".".join(map(str, nccl_floor.CONFIRMED_GOOD))
     return (
@@ -271,7 +275,7 @@ COMM_FUSION_WRONG = "report to FlashInfer with this output; serve unfused"
 COMM_FUSION_COLD = f"warm FlashInfer's JIT cache at provisioning, so servers start without compiling: {FLASHINFER_JIT}"
 
 
-# peer copies between GPUs (checks/peer.py, health/verdicts.py): the links and P2P of the node's GPUs together
+# peer copies between GPUs (comm/peer.py, node_health/verdicts.py): the links and P2P of the node's GPUs together
 PEER_BANDWIDTH = (
     "check both GPUs' `pcie_link` and `gpu_copy_bandwidth` verdicts (a link trained below its maximum), then the "
     "`topology` check: IOMMU translation (boot with iommu=pt) or ACS redirection on the switch ports sends peer "
@@ -287,12 +291,12 @@ PEER_TIMEOUT = "raise --timeout: a pair takes about half a second, and N GPUs ma
 def peer_probe(gpus: str) -> str:
     """The peer-copy probe failed or died: run it by hand for the failing CUDA call."""
     return (
-        f"run `python -m sm120check.doctor.probes.peer_bandwidth --gpus {gpus}` by hand for the failing step or CUDA "
-        "call; check `gpu_xid` for Xids logged meanwhile"
+        f"run `python -m sm120check.doctor.comm.peer_bandwidth_probe --gpus {gpus}` by hand for the failing step or "
+        "CUDA call; check `gpu_xid` for Xids logged meanwhile"
     )
 
 
-# pcie_p2p: the node's PCIe fabric for GPU peer-to-peer (checks/pcie.py): the IOMMU mode and ACS on the bridges
+# pcie_p2p: the node's PCIe fabric for GPU peer-to-peer (pcie_p2p/fabric.py): the IOMMU mode and ACS on the bridges
 PCIE_P2P = tags("pcie_p2p")  # the role: kernel parameters for P2P, ACS cleared on the GPUs' bridges
 IOMMU_PASSTHROUGH = (
     f"{PCIE_P2P} (puts iommu=pt on the kernel command line and asks for a reboot), then reboot; by hand: add "
@@ -310,7 +314,7 @@ LSPCI_MISSING = "apt install pciutils (lspci), then run the doctor again"
 LSPCI_ROOT = "run the doctor as root: lspci shows the ACS control registers to root only"
 
 
-# GPU pairs over PCIe at level 3 (checks/peer.py, checks/pairs.py): writes against reads, many-to-one writes, and a
+# GPU pairs over PCIe at level 3 (comm/peer.py, comm/pairs.py): writes against reads, many-to-one writes, and a
 # two-rank NCCL all-reduce per pair with P2P on and off
 # Writes far below reads: the fabric drops posted writes (rtx6kpro hardware/collapse-report.md); no setting fixes it.
 PEER_WRITE_COLLAPSE = (
@@ -330,7 +334,7 @@ PEER_STRESS_TIMEOUT = "raise --timeout: each target takes about a second, plus a
 def peer_stress_probe(gpus: str) -> str:
     """The many-to-one write probe failed or died: run it by hand for the failing CUDA call."""
     return (
-        f"run `python -m sm120check.doctor.probes.peer_stress --gpus {gpus}` by hand for the failing step or CUDA "
+        f"run `python -m sm120check.doctor.comm.peer_stress_probe --gpus {gpus}` by hand for the failing step or CUDA "
         "call; check `gpu_xid` for Xids logged meanwhile"
     )
 
@@ -345,7 +349,7 @@ NCCL_PAIR_P2P_BLOCKED = (
 # NCCL hangs or fails both with and without P2P between two GPUs: not a P2P setting.
 NCCL_PAIR_BROKEN = (
     "not a P2P setting (NCCL fails without P2P too): check `gpu_xid` for Xids, `nccl_allreduce` for the NCCL "
-    "release, and rerun the pair by hand with NCCL_DEBUG=INFO: `python -m sm120check.doctor.probes.nccl_pair "
+    "release, and rerun the pair by hand with NCCL_DEBUG=INFO: `python -m sm120check.doctor.pcie_p2p.nccl_pair_probe "
     "--gpus A,B`"
 )
 # NCCL completes with P2P but not with NCCL_P2P_DISABLE=1: the fallback transport (shared memory) is broken.

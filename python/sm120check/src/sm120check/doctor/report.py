@@ -131,10 +131,6 @@ def footer(results: Sequence[Result], level: int) -> list[str]:
     return lines
 
 
-def result_dict(result: Result) -> dict[str, object]:
-    return document.ReportResult.of(result).to_json()
-
-
 def to_json(results: Sequence[Result], info: RunInfo) -> str:
     """Stable JSON, the typed DoctorReport (doctor/document.py): schema, tool, version, host, started, seconds,
     level, manifest, results, summary (and interrupted, when the run was stopped)."""

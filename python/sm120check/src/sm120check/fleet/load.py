@@ -15,7 +15,7 @@ from typing import Any
 
 from sm120check import bounded
 from sm120check.doctor.document import DoctorReport, ReportResult
-from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.payload import PayloadError
 from sm120check.doctor.pcie.tp_groups import TpPlan
 from sm120check.fleet.model import STUB_STATES, CheckResult, Fleet, NodeReport, NodeState, build_fleet
 from sm120check.fleet.outliers import extract

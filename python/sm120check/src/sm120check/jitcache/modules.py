@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sm120check.comm import flashinfer_release
+from sm120check.jitcache import flashinfer_release
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sm120check import bounded
-from sm120check.comm.flashinfer_release import parse_version
+from sm120check.jitcache.flashinfer_release import parse_version
 
 MNNVL = "comm/mnnvl.py"
 TRTLLM_AR = "comm/trtllm_ar.py"

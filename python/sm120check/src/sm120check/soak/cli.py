@@ -30,7 +30,7 @@ from sm120check.bench.cli import API_KEY_ENV
 from sm120check.bench.http import Endpoint
 from sm120check.bench.prompts import synthetic_prompts, unique_prompt
 from sm120check.doctor import child, report
-from sm120check.doctor.health import kernel_log
+from sm120check.doctor.gpu import kernel_log
 from sm120check.doctor.model import Status
 from sm120check.exitcodes import Exit
 from sm120check.soak import record, verdicts

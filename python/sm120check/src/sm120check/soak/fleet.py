@@ -14,7 +14,7 @@ from pathlib import Path
 from sm120check import bounded
 from sm120check.doctor.document import DoctorReport, ReportResult
 from sm120check.doctor.model import Status
-from sm120check.doctor.payloads import PayloadError
+from sm120check.doctor.payload import PayloadError
 from sm120check.fleet.load import MAX_NODE_BYTES, NodeDocumentError, parse_document
 from sm120check.fleet.outliers import Figure, Review, Thresholds, judge
 

@@ -1,4 +1,4 @@
-"""The soak's own SM load when no server is driven: the doctor's FMA kernel (doctor/health/load.spin) on every GPU at
+"""The soak's own SM load when no server is driven: the doctor's FMA kernel (doctor/gpu/load.spin) on every GPU at
 once, launched again and again until the duration ends or the stop file appears.
 
     python -m sm120check.soak.load --duration 300 [--stop FILE] [--gpus 0,1]
@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sm120check.doctor import child
-from sm120check.doctor.health import load
-from sm120check.doctor.health.nvml_health import Nvml
+from sm120check.doctor.gpu import load
+from sm120check.doctor.gpu.nvml_health import Nvml
 from sm120check.doctor.nvml_api import NvmlUnavailable
 
 SPIN_S = 5.0

@@ -5,7 +5,7 @@
 It appends one `GpuSample` line per GPU per interval and one `XidSample` line per NVML Xid event to --out (flushed
 as written, so a kill keeps what was read), announces each interval on stderr (`child.step`: the parent's watchdog
 reads silence as a hung NVML call) and prints a one-line JSON summary last (`child.emit`). It reads only: no clock,
-power, fan or application-clock setting is changed. The NVML binding is the doctor's (doctor/health/nvml_health).
+power, fan or application-clock setting is changed. The NVML binding is the doctor's (doctor/gpu/nvml_health).
 Events: nvmlEventSetCreate, nvmlDeviceRegisterEvents(nvmlEventTypeXidCriticalError), nvmlEventSetWait_v2 with a
 short timeout, so the loop never blocks longer than EVENT_WAIT_MS per wait.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from sm120check.doctor import child
-from sm120check.doctor.health.nvml_health import SUCCESS, Nvml
+from sm120check.doctor.gpu.nvml_health import SUCCESS, Nvml
 from sm120check.doctor.nvml_api import NvmlUnavailable
 from sm120check.soak.samples import GpuSample, SamplerNote, XidSample, to_line
 

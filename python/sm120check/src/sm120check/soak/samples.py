@@ -22,7 +22,7 @@ class GpuSample:
     sm_mhz: int | None = None
     mem_mhz: int | None = None
     base_sm_mhz: int | None = None  # nvmlDeviceGetClock(NVML_CLOCK_SM, NVML_CLOCK_ID_APP_CLOCK_DEFAULT)
-    reasons: int | None = None  # nvmlClocksEventReasons bit mask (doctor/health/verdicts.REASONS)
+    reasons: int | None = None  # nvmlClocksEventReasons bit mask (doctor/node_health/verdicts.REASONS)
     power_mw: int | None = None
     power_limit_mw: int | None = None
     temperature_c: int | None = None

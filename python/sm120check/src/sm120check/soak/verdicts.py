@@ -3,7 +3,7 @@
 A verdict that found something says the time (UTC, and seconds into the soak) and carries the samples around that
 moment in `data["around"]` (AROUND_S either side), so the JSON report shows what the GPU and the server did then.
 Thresholds that are our choice say so in their constant's comment. Remedies come from doctor/remedies.py and the Xid
-catalogue (doctor/health/xid.py), never written here.
+catalogue (doctor/gpu/xid.py), never written here.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from sm120check.doctor import remedies
-from sm120check.doctor.health import xid as xid_catalogue
-from sm120check.doctor.health.payloads import XidEvent
-from sm120check.doctor.health.verdicts import TEMPERATURE_WARN_C, reason_names
+from sm120check.doctor.gpu import xid as xid_catalogue
+from sm120check.doctor.gpu.payloads import XidEvent
 from sm120check.doctor.model import Result, Status
+from sm120check.doctor.node_health.verdicts import TEMPERATURE_WARN_C, reason_names
 from sm120check.soak.samples import GpuSample, Sample, SamplerNote, ServerInterval, XidSample
 
 FAMILY = "soak"
@@ -355,7 +355,7 @@ def judge(soak: Soak) -> list[Result]:
 
 
 def from_kernel_log(events: Sequence[XidEvent], boot_epoch: float, since: float) -> list[XidSample]:
-    """Kernel-log Xid events (doctor/health/kernel_log.parse) at or after `since` (Unix time) as soak samples; a
+    """Kernel-log Xid events (doctor/gpu/kernel_log.parse) at or after `since` (Unix time) as soak samples; a
     line without an uptime stamp is kept (its time is `since`)."""
     found = []
     for e in events:

@@ -7,6 +7,7 @@ as the kernel parses them in order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAX_TOKENS = 4096  # a real command line has tens
@@ -85,3 +86,38 @@ def parse(text: str) -> KernelParams:
         values.get("iommu.passthrough", ""),
         tuple(pci),
     )
+
+
+@dataclass(frozen=True)
+class IommuMode:
+    """How the IOMMU treats DMA between devices, from sysfs and the kernel command line."""
+
+    mode: str  # "off", "passthrough", "translated", "unknown"
+    evidence: str
+
+    @property
+    def blocks_p2p(self) -> bool:
+        """A translating IOMMU redirects peer-to-peer DMA through the root complex: NCCL can hang."""
+        return self.mode == "translated"
+
+
+def iommu_mode(text: str, group_types: Sequence[str] = ()) -> IommuMode:
+    """The IOMMU mode from /proc/cmdline `text` and the GPUs' /sys/bus/pci/devices/<bdf>/iommu_group/type values
+    ("identity" = passthrough, "DMA" / "DMA-FQ" = translated): the group types are the truth when present, the
+    command line's parameters (`parse`) the evidence otherwise."""
+    types = sorted(set(group_types))
+    if types:
+        translated = [t for t in types if t.startswith("DMA")]
+        if translated:
+            return IommuMode("translated", f"GPU IOMMU group type {', '.join(types)}")
+        if all(t == "identity" for t in types):
+            return IommuMode("passthrough", "GPU IOMMU group type identity")
+    params = parse(text)
+    shown = " ".join(t for t in params.relevant if not t.startswith("pci="))
+    if params.passthrough:
+        return IommuMode("passthrough", shown)
+    if params.off:
+        return IommuMode("off", shown)
+    if "on" in (params.intel_iommu, params.amd_iommu) or params.iommu == "force":
+        return IommuMode("translated", shown)
+    return IommuMode("unknown", shown or "no iommu parameter on the kernel command line")

@@ -73,7 +73,7 @@ def parse(lines: Iterable[str], source: str = "") -> IommuLog:
 def read() -> IommuLog:
     """This boot's IOMMU lines from the first readable source; IommuLog.error when none is. They are written at
     boot, so a log larger than the bound keeps its oldest part here (the Xid reader keeps the newest)."""
-    from sm120check.doctor.health import kernel_log
+    from sm120check.doctor.gpu import kernel_log
 
     log, problems = kernel_log.read_lines(newest=False)
     if log is None:

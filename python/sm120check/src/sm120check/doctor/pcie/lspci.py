@@ -121,6 +121,19 @@ def parse_device(bdf: str, text: str) -> AcsState:
     return AcsState(bdf, name.strip()[:200], not denied, cap, ctl)
 
 
+def parse_all(text: str) -> tuple[list[AcsState], bool]:
+    """Whole `lspci -vvv` text -> the ACS state of every device with an ACS control, and whether the capabilities
+    were readable (no "<access denied>")."""
+    blocks: list[list[str]] = []
+    for line in text.splitlines():
+        if line and not line[0].isspace() and not line.startswith(">"):
+            blocks.append([line])
+        elif blocks:
+            blocks[-1].append("\t" + line.lstrip(">") if line.startswith(">") else line)
+    states = [parse_device(block[0].partition(" ")[0], "\n".join(block)) for block in blocks]
+    return [s for s in states if s.ctl], "<access denied>" not in text
+
+
 def acs_of(bdf: str, runner: Runner = run_lspci) -> AcsState:
     out = runner(["-vvv", "-s", bdf])
     if not out.ok:

@@ -1,4 +1,4 @@
-"""Which `CUDA_VISIBLE_DEVICES` order keeps each tensor-parallel group behind one root complex (issue #25).
+"""Which `CUDA_VISIBLE_DEVICES` order keeps each tensor-parallel group behind one root complex.
 
 A GPU's root complex is the host bridge its sysfs path starts from (`/sys/devices/pci0000:40/0000:40:01.1/...`:
 `pci0000:40`, sysfs.py). Peer traffic between GPUs behind two root complexes crosses the CPU's fabric (`nvidia-smi
@@ -21,7 +21,7 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sm120check.doctor.payloads import Fields, PayloadError
+from sm120check.doctor.payload import Fields, PayloadError
 from sm120check.doctor.pcie.sysfs import SysGpu
 
 TP_SIZES = (2, 4, 8)

@@ -1,0 +1,1 @@
+"""Family `comm`: communication between the node's GPUs (peer copies, NCCL, symmetric memory, fusion)."""

@@ -1,0 +1,1 @@
+"""Family `cuda_env`: the environment a fresh interpreter of the stack venv starts with."""

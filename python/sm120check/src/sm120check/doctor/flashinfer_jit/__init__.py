@@ -1,0 +1,1 @@
+"""Family `flashinfer_jit`: FlashInfer's JIT cache for this node's GPUs."""

@@ -1,0 +1,1 @@
+"""Family `sm120check`: the node manifest the `sm120check` role writes."""
