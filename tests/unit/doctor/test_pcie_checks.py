@@ -12,6 +12,7 @@ from pcie_trees import ACS_OFF, ACS_ON, AMD_GPP, GEFORCE, PLX, FakeLspci, Tree, 
 
 from sm120check.doctor import remedies, runner
 from sm120check.doctor.catalogue import all_checks
+from sm120check.doctor.facts import needs_pcie, pcie_reader, read_pcie
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.pcie import node
 from sm120check.doctor.pcie_p2p import fabric as pcie
@@ -191,9 +192,11 @@ def test_both_checks_are_level_1_in_the_catalogue_under_pcie_p2p() -> None:
     assert found == {"iommu": (1, "pcie_p2p", ()), "pcie_acs": (1, "pcie_p2p", ())}  # nccl_pairs: level 3
 
 
-def test_the_run_reads_the_fabric_once_only_when_a_pcie_check_is_chosen() -> None:
-    assert pcie.reader([pcie.IommuCheck()]) is node.read
-    assert pcie.reader([c for c in all_checks() if c.family != "pcie_p2p"]) is None
+def test_the_run_reads_the_fabric_once_only_when_a_check_that_needs_it_is_chosen() -> None:
+    assert pcie_reader([pcie.IommuCheck()]) is node.read
+    needing = {c.id for c in all_checks() if needs_pcie(c)}
+    assert needing == {"iommu", "pcie_acs", "topology", "gpu_peer_bandwidth", "gpu_peer_stress"}
+    assert pcie_reader([c for c in all_checks() if c.id not in needing]) is None
 
 
 def test_bridges_the_role_cleared_that_still_redirect_are_named(tmp_path: Path) -> None:
@@ -208,3 +211,12 @@ def test_the_pex_switch_name_is_the_recorded_one() -> None:
     assert (
         PLX == "PCI bridge: PLX Technology, Inc. PEX 8747 48-Lane, 5-Port PCI Express Gen 3 (8.0 GT/s) Switch (rev ca)"
     )
+
+
+def test_a_fabric_read_that_raises_is_an_unreadable_fabric_not_a_crash() -> None:
+    def hostile() -> node.PcieFacts:
+        raise PermissionError(13, "Permission denied", "/sys/bus/pci/devices")
+
+    got = run(read_pcie(hostile))
+    assert got["iommu"].status is Status.SKIP and got["pcie_acs"].status is Status.SKIP
+    assert "the PCIe fabric read failed: PermissionError" in got["iommu"].summary

@@ -211,7 +211,6 @@ def _run(
 ) -> int:
     from sm120check.doctor import report, runner
     from sm120check.doctor.node_health import health
-    from sm120check.doctor.pcie_p2p import fabric as pcie
     from sm120check.doctor.python_stack import torch as torch_check
 
     started_epoch = time.time()
@@ -226,7 +225,7 @@ def _run(
             nvml=any(c.id == "driver" for c in chosen),
             health=health.plan(chosen, ctx.gpus),
             torch_probe=early if early is not None else torch_check.early_probe(chosen, ctx),
-            pcie=pcie.reader(chosen),
+            pcie=facts.pcie_reader(chosen),  # once, when a check that declares `needs_pcie` is in the run
         )
         results = runner.run(chosen, ctx, on_result=progress(len(chosen), sys.stderr))
     except runner.Interrupted as stopped:  # Ctrl-C or SIGTERM: the children are dead; report what finished

@@ -5,7 +5,9 @@ the runner hands the same frozen `NodeFacts` to every check through `Context.fac
 (typed `Gpu`, or why there is none), the CUDA toolkit home FlashInfer's JIT would use, the stack venv and its
 distributions, FlashInfer's version there, and the manifest they follow; when a node-health check is in the run,
 the node-health probe's answer (`HealthFacts`: NVML readings per GPU, the kernel log's Xids and, for level-2
-health checks, the copy and SM loads), asked once for every health check, in the background like NVML.
+health checks, the copy and SM loads), asked once for every health check, in the background like NVML; when a
+check that declares `needs_pcie` is in the run, the PCIe fabric (`PcieFacts`: IOMMU groups and mode, the bridges
+above the GPUs and their ACS, the pcie_p2p fact file), read once for all of them.
 A check reads facts, never another check's `data`.
 
 This module sits below the checks and the model: it imports the NVML payload, the manifest and the child runner.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from importlib import metadata
@@ -29,6 +31,7 @@ from sm120check.doctor.gpu.nvml_info_payload import NvmlAnswer
 from sm120check.doctor.gpu.payloads import NodeHealth
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
 from sm120check.doctor.payload import PayloadError
+from sm120check.doctor.pcie import node as pcie_node
 from sm120check.doctor.pcie.node import PcieFacts
 from sm120check.manifest import Manifest
 
@@ -218,7 +221,8 @@ class NodeFacts:
     # The torch probe's outcome when it was started with the facts (the torch check is in the run): the slowest
     # child of a level-2 run then starts before the checks, not after the results the torch check reads.
     torch_read: child.ChildOutcome | Future[child.ChildOutcome] | None = None
-    # The PCIe fabric (IOMMU, bridges, ACS, the pcie_p2p fact file) when a pcie_p2p check is in the run.
+    # The PCIe fabric (IOMMU, bridges, ACS, the pcie_p2p fact file) when a check that declares `needs_pcie` is in
+    # the run.
     pcie_read: PcieFacts | Future[PcieFacts] | None = None
 
     @property
@@ -258,6 +262,31 @@ class NodeFacts:
         if self.venv.resolve() == Path(sys.prefix).resolve():
             return Path(sys.executable)
         return self.venv / "bin" / "python"
+
+
+def needs_pcie(check: object) -> bool:
+    """Whether a check judges the PCIe fabric: it declares `needs_pcie = True` (a class attribute; absent: False)."""
+    return getattr(check, "needs_pcie", False) is True
+
+
+def pcie_reader(chosen: Iterable[object]) -> Callable[[], PcieFacts] | None:
+    """The fabric read the run needs: one, shared by every chosen check that declares `needs_pcie`; None without."""
+    return pcie_node.read if any(needs_pcie(check) for check in chosen) else None
+
+
+def read_pcie(reader: Callable[[], PcieFacts] | None = None) -> PcieFacts:
+    """Read the fabric (`reader`, default `pcie.node.read`); a read that raises is facts that say so
+    (`pcie.node.unreadable`), never a crash."""
+    try:
+        return (reader or pcie_node.read)()
+    except Exception as exc:  # hostile sysfs or lspci: the judges report an unreadable fabric
+        return pcie_node.unreadable(f"the PCIe fabric read failed: {type(exc).__name__}: {exc}")
+
+
+def pcie_of(facts: NodeFacts) -> PcieFacts:
+    """The fabric read for the run; without one (tests, API callers that built no facts) it is read now."""
+    gathered = facts.pcie
+    return gathered if gathered is not None else read_pcie()
 
 
 def local(manifest: Manifest | None = None, environ: Mapping[str, str] | None = None) -> NodeFacts:
@@ -301,14 +330,15 @@ def gather(
     checks that need neither start at once and the two probes run beside each other and beside the checks.
     `torch_probe` (the torch check's child, when that check is in the run) starts now too, for the same reason,
     unless it was started even earlier (a Future: the CLI starts it before it imports the check catalogue).
-    `pcie` (the PCIe fabric reader, when a pcie_p2p check is in the run) reads in the background too."""
+    `pcie` (the PCIe fabric reader, `pcie_reader`: when a check that needs it is in the run) reads in the background
+    too, once for all of them; a read that raises becomes facts that say the fabric is unreadable (`read_pcie`)."""
     gathered = base
     if nvml:
         gathered = replace(gathered, nvml_read=start(lambda: read_nvml(timeout), "nvml"))
     if health is not None:
         gathered = replace(gathered, health_read=start(lambda: read_health(health, timeout), "health"))
     if pcie is not None:  # sysfs, /proc/cmdline, the kernel log and one lspci per bridge: under a second
-        gathered = replace(gathered, pcie_read=start(pcie, "pcie"))
+        gathered = replace(gathered, pcie_read=start(lambda: read_pcie(pcie), "pcie"))
     if torch_probe is not None:
         early = torch_probe if isinstance(torch_probe, Future) else start(torch_probe, "torch")
         gathered = replace(gathered, torch_read=early)

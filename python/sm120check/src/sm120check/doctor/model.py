@@ -91,7 +91,10 @@ class Context:
 
 
 class Check(Protocol):
-    """A check: its docstring is the user-facing description shown by `--list`."""
+    """A check: its docstring is the user-facing description shown by `--list`.
+
+    A check may also declare `needs_pcie: ClassVar[bool] = True` (absent: False): its judge reads the run's PCIe facts
+    (`ctx.facts.pcie`), which the facts step then reads once for the run (`facts.pcie_reader`)."""
 
     id: ClassVar[str]
     family: ClassVar[str]

@@ -114,9 +114,11 @@ def geforce_of(gpus: Sequence[Gpu]) -> frozenset[int]:
 
 
 def fabric_roots(ctx: Context, gpus: Sequence[Gpu]) -> dict[int, str]:
-    """Each selected GPU's root port (NVML index -> BDF), from the run's PCIe read when a `pcie_p2p` check is in the
-    run, else from sysfs here (no lspci: the bridge chain is all this needs)."""
-    view = ctx.facts.pcie.sysfs if ctx.facts.pcie is not None else sysfs.read()
+    """Each selected GPU's root port (NVML index -> BDF), from the run's PCIe read (a check that calls this declares
+    `needs_pcie`); without one (tests, API callers that built no facts) from sysfs here (no lspci: the bridge chain
+    is all this needs)."""
+    gathered = ctx.facts.pcie
+    view = gathered.sysfs if gathered is not None else sysfs.read()
     return roots.root_ports(view, {g.index: g.bus_id for g in gpus})
 
 
@@ -146,6 +148,7 @@ class ProbeCheck(Generic[P]):
     level: ClassVar[int] = 3
     requires: ClassVar[tuple[str, ...]] = ("driver",)  # "torch" too: the probe runs torch in the stack venv
     uses: ClassVar[tuple[str, ...]] = ()
+    needs_pcie: ClassVar[bool] = False  # True: the judge reads the run's PCIe facts (facts.pcie_reader reads them)
 
     probe: ClassVar[str]  # the child module, run as `python -m`
     payload: ClassVar[Payload[Any]]  # the answer's type

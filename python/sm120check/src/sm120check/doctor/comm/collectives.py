@@ -81,6 +81,7 @@ class Topology(ProbeCheck[TopologyEvidence]):
     answer: ClassVar[str] = "topology"
     what: ClassVar[str] = "topology probe"
     remedy: ClassVar[str] = remedies.COMM_TOPOLOGY_PROBE
+    needs_pcie: ClassVar[bool] = True  # the IOMMU mode, group types and ACS come from the run's PCIe facts
 
     def timeout(self, ctx: Context, gpus: Sequence[Gpu]) -> float:
         return min(ctx.timeout, 60.0)

@@ -198,6 +198,7 @@ class PeerStress(ProbeCheck[StressAnswer]):
     payload: ClassVar[Payload[StressAnswer]] = StressAnswer
     answer: ClassVar[str] = STRESS_PROBE
     what: ClassVar[str] = "the many-to-one write probe"
+    needs_pcie: ClassVar[bool] = True  # the root ports above the GPUs (fabric_roots)
 
     def args(self, ctx: Context, gpus: Sequence[Gpu], limit: float) -> list[str]:
         return ["--gpus", gpu_arg(gpus), "--timeout", str(max(5.0, limit - STRESS_MARGIN_S))]

@@ -64,6 +64,7 @@ class PeerBandwidth(ProbeCheck[PeerAnswer]):
     payload: ClassVar[Payload[PeerAnswer]] = PeerAnswer
     answer: ClassVar[str] = PEER_PROBE
     what: ClassVar[str] = "the peer-copy probe"
+    needs_pcie: ClassVar[bool] = True  # the root ports above the GPUs (fabric_roots)
 
     def args(self, ctx: Context, gpus: Sequence[Gpu], limit: float) -> list[str]:
         return ["--gpus", gpu_arg(gpus), "--timeout", str(max(5.0, limit - PROBE_MARGIN_S))]

@@ -1,4 +1,5 @@
-"""Everything the `iommu` and `pcie_acs` checks judge, read once (a fact of the run, `NodeFacts.pcie`).
+"""The node's PCIe fabric, read once per run (a fact of the run, `NodeFacts.pcie`): what the `iommu` and `pcie_acs`
+checks judge, where the `topology` check finds the IOMMU mode and ACS, and the root ports the peer checks name.
 
 `read(root, lspci, log, fact_path)`: the sysfs root, the lspci runner, the kernel-log source and the fact file are
 all injectable, so tests read fixture trees and recorded output. Names: lspci's description of each GPU (pci.ids);
@@ -36,6 +37,17 @@ class PcieFacts:
             "acs": {k: v.to_json() for k, v in self.acs.items()},
             "lspci_error": self.lspci_error,
         }
+
+
+def unreadable(why: str, fact_path: Path = fact_file.DEFAULT_PATH) -> PcieFacts:
+    """The facts of a read that failed as a whole (`why`): no bus, no command line, no log; the judges say so."""
+    return PcieFacts(
+        sysfs.SysfsView(error=why),
+        None,
+        kernel_log.IommuLog(error=why),
+        fact_file.FactRead(str(fact_path), error=why),
+        cmdline_error=why,
+    )
 
 
 def read(

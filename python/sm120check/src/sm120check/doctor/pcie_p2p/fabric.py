@@ -9,13 +9,13 @@ that fixes it, `pcie_p2p`, whose fact file (/var/lib/sm120kit/pcie-p2p.json) say
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import ClassVar
 
-from sm120check.doctor import remedies
-from sm120check.doctor.model import Check, Context, Result, Status
+from sm120check.doctor import facts, remedies
+from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.pcie import node, tp_groups
 from sm120check.doctor.pcie.lspci import AcsState
 from sm120check.doctor.pcie.tp_groups import TpPlan
@@ -348,17 +348,6 @@ def _nvml_names(ctx: Context) -> dict[str, str]:
     return out
 
 
-def reader(chosen: Iterable[Check]) -> Callable[[], node.PcieFacts] | None:
-    """The fabric read the run needs: one, shared by both checks, when either is chosen."""
-    return node.read if any(check.family == FAMILY for check in chosen) else None
-
-
-def pcie_of(ctx: Context) -> node.PcieFacts:
-    """The fabric read for the run; without one (tests, API callers) this check reads the node itself."""
-    gathered = ctx.facts.pcie
-    return gathered if gathered is not None else node.read()
-
-
 class IommuCheck:
     """The IOMMU is in passthrough or off for the GPUs (translated DMA hangs NCCL P2P on multi-GPU PCIe).
 
@@ -369,9 +358,10 @@ class IommuCheck:
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ()
+    needs_pcie: ClassVar[bool] = True  # the run's fabric read (facts.pcie_reader)
 
     def run(self, ctx: Context) -> Result:
-        return iommu_verdict(pcie_of(ctx), _nvml_names(ctx))
+        return iommu_verdict(facts.pcie_of(ctx.facts), _nvml_names(ctx))
 
 
 class AcsCheck:
@@ -385,9 +375,10 @@ class AcsCheck:
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ()
+    needs_pcie: ClassVar[bool] = True
 
     def run(self, ctx: Context) -> Result:
-        return acs_verdict(pcie_of(ctx), _nvml_names(ctx))
+        return acs_verdict(facts.pcie_of(ctx.facts), _nvml_names(ctx))
 
 
 CHECKS = (IommuCheck, AcsCheck)
