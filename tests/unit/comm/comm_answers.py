@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from sm120check.doctor.collective_payload import LaunchFacts, RankHead
@@ -21,15 +23,16 @@ from sm120check.doctor.comm.fusion_payload import (
 )
 from sm120check.doctor.comm.nccl_payload import Bandwidth, NcclAnswer, NcclRank, PairLink, SizeCheck
 from sm120check.doctor.comm.symm_mem_payload import SymmMemAnswer, SymmRank, SymmSize
-from sm120check.doctor.comm.topology_parse import AcsPort
 from sm120check.doctor.comm.topology_payload import (
-    AcsEvidence,
     CommandText,
     NvmlDevice,
     NvmlEvidence,
     NvmlPair,
     TopologyEvidence,
 )
+from sm120check.doctor.pcie import cmdline as kernel_cmdline
+from sm120check.doctor.pcie import fact_file, kernel_log, lspci, sysfs
+from sm120check.doctor.pcie.node import PcieFacts
 from sm120check.doctor.stats import LatencyStats
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "comm"
@@ -62,9 +65,6 @@ def topology_evidence(
     *,
     gpus: tuple[int, ...] = (0, 1),
     pairs: tuple[NvmlPair, ...] = (),
-    cmdline: str = "BOOT_IMAGE=/vmlinuz ro quiet",
-    acs: AcsEvidence | None = None,
-    iommu_group_types: dict[str, str] | None = None,
 ) -> TopologyEvidence:
     nvml = (
         NvmlEvidence(
@@ -74,16 +74,56 @@ def topology_evidence(
         else NvmlEvidence(False, "nvidia-ml-py is not installed (pip install nvidia-ml-py)")
     )
     p2p = text(topo_p2p_r) if topo_p2p_r else CommandText(False, error="nvidia-smi topo -p2p r: exit 1")
-    return TopologyEvidence(
-        gpus, nvml, text(topo_m), p2p, cmdline, acs or AcsEvidence(True, True, ()), iommu_group_types or {}
-    )
+    return TopologyEvidence(gpus, nvml, text(topo_m), p2p)
 
 
 def nvml_pair(a: int, b: int, code: str = "OK", ancestor: str = "PHB") -> NvmlPair:
     return NvmlPair((a, b), code, code, "NS" if ancestor != "NV" else "OK", code, ancestor)
 
 
-ACS_REDIRECT = AcsPort("00:01.1", "PCI bridge: AMD GPP Bridge", True, "SrcValid+ ReqRedir+ CmpltRedir+")
+def amd_gpp_bridges() -> dict[str, lspci.AcsState]:
+    """The recorded AMD GPP root ports (00:01.1 and 00:01.2, ACS redirecting: lspci_acs_amd_gpp.txt) as the facts
+    step reads each bridge above a GPU: by its sysfs BDF."""
+    states, _ = lspci.parse_all((FIXTURES / "lspci_acs_amd_gpp.txt").read_text())
+    return {f"0000:{s.bdf}": replace(s, bdf=f"0000:{s.bdf}") for s in states}
+
+
+ACS_REDIRECT = amd_gpp_bridges()["0000:00:01.1"]
+
+
+def fabric(
+    gpus: tuple[int, ...] = (0, 1),
+    *,
+    cmdline: str | None = "BOOT_IMAGE=/vmlinuz ro quiet",
+    group_type: str = "",
+    bridges: Mapping[str, lspci.AcsState] | None = None,
+    lspci_error: str = "",
+) -> PcieFacts:
+    """The run's PCIe facts (pcie/node.py) for the GPUs at 0000:0N:00.0 (NVML's bus ids in these tests): GPU i under
+    the i-th of `bridges` (round robin; none: on the root bus), its IOMMU group of `group_type` ("" none), the kernel
+    command line `cmdline` (None: unreadable)."""
+    ports = list(bridges or {})
+    rows = tuple(
+        sysfs.SysGpu(
+            f"0000:{i + 1:02x}:00.0",
+            "0x2bb5",
+            "0x030200",
+            (ports[n % len(ports)],) if ports else (),
+            "pci0000:00",
+            str(n) if group_type else "",
+            group_type,
+        )
+        for n, i in enumerate(gpus)
+    )
+    return PcieFacts(
+        sysfs.SysfsView(rows),
+        kernel_cmdline.parse(cmdline) if cmdline is not None else None,
+        kernel_log.IommuLog(),
+        fact_file.FactRead(str(fact_file.DEFAULT_PATH), missing=True),
+        acs=dict(bridges or {}),
+        lspci_error=lspci_error,
+        cmdline_error="" if cmdline is not None else "/proc/cmdline: Permission denied",
+    )
 
 
 def nccl_rank(

@@ -15,6 +15,7 @@ from comm_answers import (
     ACS_REDIRECT,
     KIB,
     MIB,
+    fabric,
     fusion_answer,
     fusion_failed,
     launched,
@@ -32,9 +33,11 @@ from sm120check.doctor import facts, probecheck, remedies
 from sm120check.doctor.child import ChildOutcome
 from sm120check.doctor.comm import collectives as comm
 from sm120check.doctor.comm.nccl_payload import NcclRank
-from sm120check.doctor.comm.topology_payload import AcsEvidence, CommandText
+from sm120check.doctor.comm.topology_payload import CommandText
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu, NvmlInfo
+from sm120check.doctor.pcie import node
+from sm120check.doctor.pcie.lspci import AcsState
 from sm120check.jitcache.flashinfer_release import fusion_support
 
 
@@ -298,10 +301,10 @@ def test_fusion_hang_after_the_build_keeps_rank_0s_jit_report() -> None:
 
 
 def test_geforce_pair_warns_that_p2p_is_disabled_by_the_driver() -> None:
-    evidence = topology_evidence(
-        "topo_m_2x5090_phb.txt", "topo_p2p_rw_2x5090_gns.txt", acs=AcsEvidence(True, False, ())
-    )
-    result = comm.judge_topology(evidence, [gpu(0, "NVIDIA GeForce RTX 5090"), gpu(1, "NVIDIA GeForce RTX 5090")])
+    evidence = topology_evidence("topo_m_2x5090_phb.txt", "topo_p2p_rw_2x5090_gns.txt")
+    denied = fabric(bridges={"0000:00:01.1": AcsState("0000:00:01.1", readable=False)})  # lspci without root
+    gpus = [gpu(0, "NVIDIA GeForce RTX 5090"), gpu(1, "NVIDIA GeForce RTX 5090")]
+    result = comm.judge_topology(evidence, gpus, denied)
     assert result.status is Status.WARN
     assert "P2P disabled by the driver on NVIDIA GeForce RTX 5090" in result.summary
     assert result.data["pairs"] == [{"pair": [0, 1], "link": "PHB", "kind": "pcie", "p2p": "GNS"}]
@@ -312,9 +315,9 @@ def test_translating_iommu_on_a_pcie_box_warns_with_iommu_pt() -> None:
         "topo_m_5gpu_node_phb.txt",
         "topo_p2p_p_5gpu_ok.txt",
         gpus=(0, 1, 2, 3, 4),
-        cmdline="BOOT_IMAGE=/vmlinuz ro amd_iommu=on",
     )
-    result = comm.judge_topology(evidence, [gpu(i) for i in range(5)])
+    translating = fabric((0, 1, 2, 3, 4), cmdline="BOOT_IMAGE=/vmlinuz ro amd_iommu=on")
+    result = comm.judge_topology(evidence, [gpu(i) for i in range(5)], translating)
     assert result.status is Status.WARN and "IOMMU translates DMA" in result.summary
     assert "iommu=pt" in result.remedy
 
@@ -323,24 +326,60 @@ def test_nvlink_node_with_p2p_passes() -> None:
     evidence = topology_evidence(
         "topo_m_8xh100_nv18.txt",
         pairs=(nvml_pair(0, 1, ancestor="NV"),),
-        cmdline="BOOT_IMAGE=/vmlinuz ro intel_iommu=on",
-        acs=AcsEvidence(False, error="lspci not found on PATH"),
     )
+    no_lspci = fabric(cmdline="BOOT_IMAGE=/vmlinuz ro intel_iommu=on", lspci_error="lspci not found (install pciutils)")
     result = comm.judge_topology(
-        evidence, [gpu(0, "NVIDIA H100 80GB HBM3", "9.0"), gpu(1, "NVIDIA H100 80GB HBM3", "9.0")]
+        evidence, [gpu(0, "NVIDIA H100 80GB HBM3", "9.0"), gpu(1, "NVIDIA H100 80GB HBM3", "9.0")], no_lspci
     )
     assert result.status is Status.PASS
     assert result.summary == "2 GPUs over NVLink, P2P OK on 1/1 pairs"
 
 
 def test_acs_redirect_behind_a_pcie_switch_warns() -> None:
-    evidence = topology_evidence(
-        "topo_m_8xh100_nv18.txt", pairs=(nvml_pair(0, 1),), acs=AcsEvidence(True, True, (ACS_REDIRECT,))
-    )
+    evidence = topology_evidence("topo_m_8xh100_nv18.txt", pairs=(nvml_pair(0, 1),))
     evidence = replace(evidence, topo_m=CommandText(True, text="\tGPU0\tGPU1\nGPU0\t X \tPXB\nGPU1\tPXB\t X \n"))
-    result = comm.judge_topology(evidence, [gpu(0), gpu(1)])
-    assert result.status is Status.WARN and "ACS redirects peer traffic on 00:01.1" in result.summary
-    assert result.data["acs_redirect_ports"] == ["00:01.1"]
+    result = comm.judge_topology(evidence, [gpu(0), gpu(1)], fabric(bridges={ACS_REDIRECT.bdf: ACS_REDIRECT}))
+    # The bridge as the facts step names it (its sysfs BDF), where lspci -vvv printed 00:01.1 before.
+    assert result.status is Status.WARN and "ACS redirects peer traffic on 0000:00:01.1" in result.summary
+    assert result.data["acs_redirect_ports"] == ["0000:00:01.1"]
+
+
+def test_acs_is_judged_on_the_bridges_above_the_selected_gpus_only() -> None:
+    evidence = topology_evidence("topo_m_8xh100_nv18.txt", pairs=(nvml_pair(0, 1),))
+    evidence = replace(evidence, topo_m=CommandText(True, text="\tGPU0\tGPU1\nGPU0\t X \tPXB\nGPU1\tPXB\t X \n"))
+    clean = [
+        AcsState(bdf, "PCI bridge: root port", True, "SrcValid+", "SrcValid+ ReqRedir- CmpltRedir-")
+        for bdf in ("0000:00:03.0", "0000:00:05.0")
+    ]
+    # GPUs 0 and 2 under the clean ports, GPU 1 (not selected) under the redirecting one.
+    bridges = {clean[0].bdf: clean[0], ACS_REDIRECT.bdf: ACS_REDIRECT, clean[1].bdf: clean[1]}
+    result = comm.judge_topology(evidence, [gpu(0), gpu(2)], fabric((0, 1, 2), bridges=bridges))
+    assert result.data["acs_redirect_ports"] == [] and "ACS: 0 port(s) redirect peer requests" in result.details
+
+
+def test_an_unreadable_fabric_is_said_not_a_crash() -> None:
+    evidence = topology_evidence("topo_m_2x5090_phb.txt", pairs=(nvml_pair(0, 1),))
+    failed = facts.read_pcie(lambda: (_ for _ in ()).throw(OSError(5, "Input/output error")))
+    result = comm.judge_topology(evidence, [gpu(0), gpu(1)], failed)
+    assert result.status is Status.PASS and result.summary == "2 GPUs over PCIe, P2P OK on 1/1 pairs"
+    assert "IOMMU: unknown (kernel command line unreadable: the PCIe fabric read failed: OSError" in result.details
+    assert "ACS: the PCI bus is not readable (the PCIe fabric read failed: OSError" in result.details
+    assert result.data["iommu"] == "unknown" and result.data["acs_redirect_ports"] == []
+
+
+def test_the_topology_check_judges_the_runs_pcie_facts_and_reads_no_fabric_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_read(*args: Any, **kwargs: Any) -> node.PcieFacts:
+        raise AssertionError("the fabric is read once, by the facts step")
+
+    monkeypatch.setattr(node, "read", no_read)
+    evidence = topology_evidence("topo_m_5gpu_node_phb.txt", "topo_p2p_p_5gpu_ok.txt", gpus=(0, 1))
+    monkeypatch.setattr(probecheck, "run_probe", answers_from(evidence.to_json()))
+    ctx = context([gpu(0), gpu(1)])
+    ctx.facts = replace(ctx.facts, pcie_read=fabric(cmdline="BOOT_IMAGE=/vmlinuz ro amd_iommu=on"))
+    result = comm.Topology().run(ctx)
+    assert result.status is Status.WARN and "IOMMU translates DMA" in result.summary
 
 
 def answers_from(data: dict[str, object]) -> Any:

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import pytest
 from comm_answers import (
-    ACS_REDIRECT,
     FIXTURES,
     KIB,
     MIB,
@@ -28,24 +27,13 @@ from sm120check.doctor.comm import nccl_probe as nccl
 from sm120check.doctor.comm.fusion_payload import FusionAnswer, FusionWarm
 from sm120check.doctor.comm.nccl_payload import NcclAnswer, NcclRank, size_label
 from sm120check.doctor.comm.symm_mem_payload import SymmMemAnswer
-from sm120check.doctor.comm.topology_payload import AcsEvidence, TopologyEvidence
+from sm120check.doctor.comm.topology_payload import TopologyEvidence
 from sm120check.doctor.payload import Fields, PayloadError
 
 ANSWERS: list[tuple[object, Callable[[object], object]]] = [
     (topology_evidence("topo_m_2x5090_phb.txt", "topo_p2p_rw_2x5090_gns.txt"), TopologyEvidence.from_json),
-    (
-        topology_evidence(
-            "topo_m_8xh100_nv18.txt",
-            pairs=(nvml_pair(0, 1),),
-            acs=AcsEvidence(True, True, (ACS_REDIRECT,)),
-            iommu_group_types={"0000:01:00.0": "identity"},
-        ),
-        TopologyEvidence.from_json,
-    ),
-    (
-        topology_evidence("topo_m_8xh100_nv18.txt", acs=AcsEvidence(False, error="lspci not found")),
-        TopologyEvidence.from_json,
-    ),
+    (topology_evidence("topo_m_8xh100_nv18.txt", pairs=(nvml_pair(0, 1),)), TopologyEvidence.from_json),
+    (topology_evidence("topo_m_8xh100_nv18.txt"), TopologyEvidence.from_json),
     (nccl_answer(), NcclAnswer.from_json),
     (nccl_answer(nccl_rank(0, wrong={4 * MIB: 3}), nccl_rank(1)), NcclAnswer.from_json),
     (nccl_hang(), NcclAnswer.from_json),
@@ -82,9 +70,9 @@ def test_the_fusion_warm_answer_reads_back() -> None:
         (
             TopologyEvidence.from_json,
             topology_evidence("topo_m_8xh100_nv18.txt").to_json(),
-            ["acs", "readable"],
+            ["topo_m", "ok"],
             "yes",
-            "topology: acs.readable: expected true or false, got 'yes'",
+            "topology: topo_m.ok: expected true or false, got 'yes'",
         ),
         (
             TopologyEvidence.from_json,

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from sm120check.doctor import facts
 from sm120check.doctor.child import run_probe
 from sm120check.doctor.comm import collectives as comm
 from sm120check.doctor.comm.fusion_payload import FusionAnswer
@@ -38,7 +39,9 @@ def test_the_topology_probe_answer_is_read_and_judged() -> None:
     assert outcome.ok, outcome.problem
     evidence = TopologyEvidence.from_json(outcome.data)
     assert evidence.gpus == (0, 1)
-    result = comm.judge_topology(evidence, gpus())
+    result = comm.judge_topology(
+        evidence, gpus(), facts.read_pcie()
+    )  # this machine's fabric, as the facts step reads it
     assert result.status in (Status.PASS, Status.WARN), result
     if not evidence.topo_m.ok:
         assert f"nvidia-smi topo -m: {evidence.topo_m.error}" in result.details

@@ -1,4 +1,5 @@
-"""Parsing recorded `nvidia-smi topo` outputs, kernel command lines and lspci ACS lines (tests/fixtures/comm)."""
+"""Parsing recorded `nvidia-smi topo` outputs, kernel command lines and lspci ACS lines (tests/fixtures/comm); the
+last two by the one PCIe parser (doctor/pcie/) whose facts the `topology` check judges."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from sm120check.doctor.comm import topology_parse
+from sm120check.doctor.pcie import cmdline as kernel_cmdline
+from sm120check.doctor.pcie import lspci
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "comm"
 
@@ -72,26 +75,24 @@ def test_text_without_a_matrix_is_refused_with_what_was_expected() -> None:
     ],
 )
 def test_iommu_mode_from_the_kernel_command_line(cmdline: str, mode: str) -> None:
-    assert topology_parse.iommu_mode(cmdline).mode == mode
+    assert kernel_cmdline.iommu_mode(cmdline).mode == mode
 
 
 def test_sysfs_group_type_outranks_the_command_line() -> None:
-    judged = topology_parse.iommu_mode("ro quiet iommu=pt", ["DMA-FQ"])
+    judged = kernel_cmdline.iommu_mode("ro quiet iommu=pt", ["DMA-FQ"])
     assert judged.mode == "translated" and judged.blocks_p2p
-    assert topology_parse.iommu_mode("ro amd_iommu=on", ["identity", "identity"]).mode == "passthrough"
+    assert kernel_cmdline.iommu_mode("ro amd_iommu=on", ["identity", "identity"]).mode == "passthrough"
 
 
 def test_acs_redirect_found_on_amd_root_ports() -> None:
-    ports, readable = topology_parse.parse_lspci_acs(read("lspci_acs_amd_gpp.txt"))
+    ports, readable = lspci.parse_all(read("lspci_acs_amd_gpp.txt"))
     assert readable
-    assert [p.address for p in ports] == ["00:01.1", "00:01.2"]
-    assert all(p.redirect for p in ports)
+    assert [p.bdf for p in ports] == ["00:01.1", "00:01.2"]
+    assert all(p.redirects for p in ports)
 
 
 def test_acs_unreadable_without_root_is_said() -> None:
-    _, readable = topology_parse.parse_lspci_acs(
-        "01:00.0 VGA compatible controller: NVIDIA\n\tCapabilities: <access denied>\n"
-    )
+    _, readable = lspci.parse_all("01:00.0 VGA compatible controller: NVIDIA\n\tCapabilities: <access denied>\n")
     assert not readable
 
 

@@ -25,7 +25,6 @@ from test_sglang_pcie_ipc import FAILED, ipc_run, judged
 
 from sm120check.doctor.comm import collectives as comm
 from sm120check.doctor.comm import fusion_probe as fusion
-from sm120check.doctor.comm.topology_payload import AcsEvidence
 from sm120check.doctor.model import Result, Status
 from sm120check.doctor.nvml_api import Gpu
 from sm120check.doctor.pcie_p2p import nccl_pairs as pairs
@@ -57,11 +56,9 @@ def nccl_pairs_pass() -> Result:
 
 def topology(topo_m: str) -> Result:
     """topology's real verdict on a recorded `nvidia-smi topo -m` of two GPUs with P2P OK."""
-    evidence = ANSWERS.topology_evidence(
-        topo_m, pairs=(ANSWERS.nvml_pair(0, 1),), acs=AcsEvidence(True, True, ()), cmdline="ro iommu=pt"
-    )
+    evidence = ANSWERS.topology_evidence(topo_m, pairs=(ANSWERS.nvml_pair(0, 1),))
     gpus = [Gpu(i, ANSWERS.RTX_PRO, (12, 0), None, f"00000000:{i + 1:02x}:00.0") for i in (0, 1)]
-    return comm.judge_topology(evidence, gpus)
+    return comm.judge_topology(evidence, gpus, ANSWERS.fabric(cmdline="ro iommu=pt"))
 
 
 def fusion_with_pcie_ipc(error: str | None = None) -> Result:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from sm120check.doctor import nccl_floor, remedies
+from sm120check.doctor import facts, nccl_floor, remedies
 from sm120check.doctor.child import probe_env, run_probe
 from sm120check.doctor.collective_payload import FUSION_TOLERANCE
 from sm120check.doctor.comm import topology_parse
@@ -25,6 +25,10 @@ from sm120check.doctor.comm.topology_payload import TopologyEvidence
 from sm120check.doctor.model import Context, Result, Status
 from sm120check.doctor.nvml_api import Gpu
 from sm120check.doctor.payload import PayloadError
+from sm120check.doctor.pcie import cmdline, roots
+from sm120check.doctor.pcie.lspci import AcsState
+from sm120check.doctor.pcie.node import PcieFacts
+from sm120check.doctor.pcie.sysfs import SysGpu
 from sm120check.doctor.probecheck import (
     Payload,
     ProbeCheck,
@@ -72,7 +76,8 @@ def _sizes(latency: Mapping[str, float]) -> str:
 
 class Topology(ProbeCheck[TopologyEvidence]):
     """GPU pairs: P2P capability and link (NVLink or PCIe) from NVML and nvidia-smi, NUMA placement, and the
-    settings that break PCIe P2P (IOMMU translation, ACS redirection, GeForce drivers)."""
+    settings that break PCIe P2P (IOMMU translation, ACS redirection on the bridges above the GPUs, GeForce
+    drivers); the IOMMU and ACS from the run's PCIe facts."""
 
     id: ClassVar[str] = "topology"
     family: ClassVar[str] = FAMILY
@@ -90,7 +95,7 @@ class Topology(ProbeCheck[TopologyEvidence]):
         return ["--gpus", gpu_arg(gpus)]
 
     def judge(self, answer: TopologyEvidence, ctx: Context, gpus: Sequence[Gpu]) -> Result:
-        return judge_topology(answer, gpus)
+        return judge_topology(answer, gpus, facts.pcie_of(ctx.facts))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +109,35 @@ class _Pair:
         return {"pair": list(self.pair), "link": self.link, "kind": self.kind, "p2p": self.p2p}
 
 
-def judge_topology(evidence: TopologyEvidence, gpus: Sequence[Gpu]) -> Result:
-    """Turn the topology probe's raw evidence into a verdict (pure; tested with recorded outputs)."""
+def _fabric_gpus(fabric: PcieFacts, gpus: Sequence[Gpu]) -> tuple[SysGpu, ...]:
+    """The selected GPUs as the PCIe facts list them (matched by bus id); every NVIDIA GPU there when none matches."""
+    wanted = {roots.sysfs_bdf(g.bus_id) for g in gpus}
+    return tuple(g for g in fabric.sysfs.gpus if g.bdf in wanted) or fabric.sysfs.gpus
+
+
+def _iommu(fabric: PcieFacts, rows: Sequence[SysGpu]) -> cmdline.IommuMode:
+    """The IOMMU mode for the GPUs: their group types first, the kernel command line otherwise."""
+    types = [g.group_type for g in rows if g.group_type]
+    if fabric.cmdline is None and not types:
+        return cmdline.IommuMode("unknown", f"kernel command line unreadable: {fabric.cmdline_error}")
+    return cmdline.iommu_mode(fabric.cmdline.raw if fabric.cmdline is not None else "", types)
+
+
+def _acs_line(fabric: PcieFacts, bridges: Sequence[AcsState], redirecting: Sequence[AcsState]) -> str:
+    """What the facts say of ACS on the bridges above the GPUs, or why they cannot say."""
+    failed = [b.error for b in bridges if b.error]
+    if fabric.sysfs.error:
+        return f"ACS: the PCI bus is not readable ({fabric.sysfs.error})"
+    if fabric.lspci_error or failed:
+        return f"ACS: lspci unavailable ({fabric.lspci_error or failed[0]})"
+    if any(not b.readable for b in bridges):
+        return "ACS: lspci could not read capabilities (run the doctor as root to see ACS)"
+    return f"ACS: {len(redirecting)} port(s) redirect peer requests"
+
+
+def judge_topology(evidence: TopologyEvidence, gpus: Sequence[Gpu], fabric: PcieFacts) -> Result:
+    """Turn the topology probe's raw evidence and the run's PCIe facts (`fabric`: IOMMU group types, the kernel
+    command line, ACS of the bridges above the GPUs) into a verdict (pure; tested with recorded outputs)."""
     indices = [g.index for g in gpus]
     names = {g.index: g.name for g in gpus}
     warnings: list[str] = []  # the first is the summary
@@ -153,21 +185,17 @@ def judge_topology(evidence: TopologyEvidence, gpus: Sequence[Gpu]) -> Result:
     elif no_p2p:
         codes = ", ".join(f"GPU{p.pair[0]}-GPU{p.pair[1]} {p.p2p}" for p in no_p2p)
         warnings.append(f"P2P not available between {codes}")
-    iommu = topology_parse.iommu_mode(evidence.cmdline, list(evidence.iommu_group_types.values()))
+    rows = _fabric_gpus(fabric, gpus)
+    iommu = _iommu(fabric, rows)
     details.append(f"IOMMU: {iommu.mode} ({iommu.evidence})")
     if iommu.blocks_p2p and pcie_pairs:
         warnings.append(f"IOMMU translates DMA ({iommu.evidence}): PCIe P2P can hang NCCL")
-    acs = evidence.acs
-    redirecting = [p for p in acs.ports if p.redirect]
-    if not acs.ok:
-        details.append(f"ACS: lspci unavailable ({acs.error})")
-    elif not acs.readable:
-        details.append("ACS: lspci could not read capabilities (run the doctor as root to see ACS)")
-    else:
-        details.append(f"ACS: {len(redirecting)} port(s) redirect peer requests")
+    bridges = [fabric.acs[b] for b in dict.fromkeys(b for g in rows for b in g.bridges) if b in fabric.acs]
+    redirecting = [b for b in bridges if b.redirects]
+    details.append(_acs_line(fabric, bridges, redirecting))
     switched = [p for p in pcie_pairs if p.link in ("PIX", "PXB")]
     if redirecting and switched:
-        ports = ", ".join(p.address for p in redirecting[:6])
+        ports = ", ".join(b.bdf for b in redirecting[:6])
         warnings.append(f"ACS redirects peer traffic on {ports}: P2P through the PCIe switch goes via the root complex")
     numa = dict(matrix.numa_affinity) if matrix else {}
     numa_nodes = sorted({numa.get(i, "") for i in indices} - {""})
@@ -179,7 +207,7 @@ def judge_topology(evidence: TopologyEvidence, gpus: Sequence[Gpu]) -> Result:
         "pairs": [p.to_json() for p in pairs],
         "numa": {str(i): numa.get(i, "") for i in indices},
         "iommu": iommu.mode,
-        "acs_redirect_ports": [p.address for p in redirecting],
+        "acs_redirect_ports": [b.bdf for b in redirecting],
         "topo_m": evidence.topo_m.text,
         "topo_p2p_r": evidence.topo_p2p_r.text,
     }

@@ -1,6 +1,6 @@
-"""Parse what nvidia-smi says about GPU-to-GPU paths; the kernel command line's IOMMU mode and lspci's ACS control
-are read by the one PCIe parser (doctor/pcie/cmdline.py, doctor/pcie/lspci.py), which the level-1 `iommu` and
-`pcie_acs` checks read too.
+"""Parse what nvidia-smi says about GPU-to-GPU paths. The IOMMU mode and ACS control the `topology` check also
+judges are not read here: they come from the run's PCIe facts (doctor/pcie/, the one reader and parser, which the
+level-1 `iommu` and `pcie_acs` checks read too).
 
 All functions take text (recorded or live) and return frozen values; nothing here runs a command.
 """
@@ -10,10 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-from sm120check.doctor.pcie import lspci
-from sm120check.doctor.pcie.cmdline import IommuMode as IommuMode
-from sm120check.doctor.pcie.cmdline import iommu_mode as iommu_mode
 
 # `nvidia-smi topo -m` link codes, nearest first.
 PCIE_LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")
@@ -150,21 +146,6 @@ def parse_p2p_matrix(text: str) -> dict[tuple[int, int], str]:
     if not status:
         raise ValueError("`nvidia-smi topo -p2p` text has no GPU pairs")
     return status
-
-
-@dataclass(frozen=True)
-class AcsPort:
-    address: str
-    name: str
-    redirect: bool  # ReqRedir+ or CmpltRedir+: peer traffic is forced up to the root complex
-    flags: str
-
-
-def parse_lspci_acs(text: str) -> tuple[list[AcsPort], bool]:
-    """ACS control of every device in `lspci -vvv` (read by pcie.lspci, the one ACS parser); second value: whether
-    capabilities were readable."""
-    states, readable = lspci.parse_all(text)
-    return [AcsPort(s.bdf, s.name, s.redirects, s.ctl) for s in states], readable
 
 
 GEFORCE_P2P = re.compile(r"GeForce", re.IGNORECASE)

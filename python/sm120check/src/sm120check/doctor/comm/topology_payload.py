@@ -1,14 +1,12 @@
-"""The answer of comm/topology_probe.py: raw evidence about the paths between the GPUs (NVML P2P status per pair,
-`nvidia-smi topo -m` and `topo -p2p r` text, the kernel command line, IOMMU group types, ACS control from lspci).
-The `topology` check parses the text with sm120check.doctor.comm.topology_parse and judges it."""
+"""The answer of comm/topology_probe.py: raw evidence about the paths between the GPUs that needs NVML or the GPU
+(NVML P2P status per pair, `nvidia-smi topo -m` and `topo -p2p r` text). The `topology` check parses the text with
+sm120check.doctor.comm.topology_parse and judges it with the run's PCIe facts (IOMMU mode and group types, ACS on
+the bridges above the GPUs: doctor/pcie/node.py, read once by the facts step)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from sm120check.doctor.collective_payload import texts
-from sm120check.doctor.comm.topology_parse import AcsPort
 from sm120check.doctor.payload import Fields, PayloadError
 
 PROBE = "topology"
@@ -96,45 +94,12 @@ class NvmlEvidence:
         return cls(True, devices=devices, pairs=tuple(NvmlPair.from_json(p) for p in f.objects("pairs")))
 
 
-def _port_json(port: AcsPort) -> dict[str, object]:
-    return {"address": port.address, "name": port.name, "redirect": port.redirect, "flags": port.flags}
-
-
-def _port(f: Fields) -> AcsPort:
-    return AcsPort(f.text("address"), f.text("name"), f.flag("redirect"), f.text("flags"))
-
-
-@dataclass(frozen=True)
-class AcsEvidence:
-    """ACS control of every PCIe port `lspci -vvv` shows; `readable` False when lspci could not read capabilities
-    (not root)."""
-
-    ok: bool
-    readable: bool = False
-    ports: tuple[AcsPort, ...] = ()
-    error: str = ""
-
-    def to_json(self) -> dict[str, object]:
-        if not self.ok:
-            return {"ok": False, "error": self.error}
-        return {"ok": True, "readable": self.readable, "ports": [_port_json(p) for p in self.ports]}
-
-    @classmethod
-    def from_json(cls, f: Fields) -> AcsEvidence:
-        if not f.flag("ok"):
-            return cls(False, error=f.text("error"))
-        return cls(True, f.flag("readable"), tuple(_port(p) for p in f.objects("ports")))
-
-
 @dataclass(frozen=True)
 class TopologyEvidence:
     gpus: tuple[int, ...]  # the GPU indices looked at
     nvml: NvmlEvidence
     topo_m: CommandText  # `nvidia-smi topo -m`
     topo_p2p_r: CommandText  # `nvidia-smi topo -p2p r`
-    cmdline: str  # /proc/cmdline
-    acs: AcsEvidence
-    iommu_group_types: Mapping[str, str] = field(default_factory=dict)  # sysfs address -> "identity", "DMA", ...
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -142,9 +107,6 @@ class TopologyEvidence:
             "nvml": self.nvml.to_json(),
             "topo_m": self.topo_m.to_json(),
             "topo_p2p_r": self.topo_p2p_r.to_json(),
-            "cmdline": self.cmdline,
-            "iommu_group_types": dict(self.iommu_group_types),
-            "acs": self.acs.to_json(),
         }
 
     @classmethod
@@ -155,7 +117,4 @@ class TopologyEvidence:
             NvmlEvidence.from_json(f.object("nvml")),
             CommandText.from_json(f.object("topo_m")),
             CommandText.from_json(f.object("topo_p2p_r")),
-            f.text("cmdline"),
-            AcsEvidence.from_json(f.object("acs")),
-            texts(f, "iommu_group_types"),
         )

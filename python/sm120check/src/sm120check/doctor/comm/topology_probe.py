@@ -1,5 +1,6 @@
-"""Collect the evidence for the `topology` check: NVML P2P status per GPU pair, `nvidia-smi topo -m` and
-`topo -p2p r`, the IOMMU mode of each GPU (sysfs), the kernel command line, and ACS control from `lspci -vvv`.
+"""Collect the evidence for the `topology` check that needs NVML or the GPU: NVML P2P status and common ancestor per
+GPU pair, `nvidia-smi topo -m` and `topo -p2p r`. The IOMMU and ACS evidence is not read here: the check takes it
+from the run's PCIe facts (doctor/pcie/node.py, read once by the facts step).
 
 Run as `python -m sm120check.doctor.comm.topology_probe --gpus 0,1`; prints one TopologyEvidence
 (doctor/comm/topology_payload.py) of raw evidence (the check parses and judges it with
@@ -12,13 +13,9 @@ import argparse
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
-from sm120check import bounded
 from sm120check.doctor.child import emit
-from sm120check.doctor.comm.topology_parse import parse_lspci_acs
 from sm120check.doctor.comm.topology_payload import (
-    AcsEvidence,
     CommandText,
     NvmlDevice,
     NvmlEvidence,
@@ -44,12 +41,6 @@ def run_text(cmd: list[str], timeout: float = 20.0) -> CommandText:
     if proc.returncode != 0:
         return CommandText(False, error=(proc.stderr or proc.stdout).strip()[-500:] or f"exit {proc.returncode}")
     return CommandText(True, text=proc.stdout)
-
-
-def sysfs_address(bus_id: str) -> str:
-    """NVML's "00000000:18:00.0" -> sysfs's "0000:18:00.0"."""
-    domain, _, rest = bus_id.strip().lower().partition(":")
-    return f"{domain[-4:]}:{rest}"
 
 
 def _nvml(gpus: list[int]) -> NvmlEvidence:
@@ -97,18 +88,6 @@ def _nvml(gpus: list[int]) -> NvmlEvidence:
         pynvml.nvmlShutdown()
 
 
-def _iommu_types(devices: tuple[NvmlDevice, ...]) -> dict[str, str]:
-    types = {}
-    for dev in devices:
-        address = sysfs_address(dev.bus_id)
-        try:
-            group_type = Path("/sys/bus/pci/devices") / address / "iommu_group" / "type"
-            types[address] = bounded.read_text(group_type, 4096, lenient=True).strip()
-        except bounded.Unreadable:
-            continue
-    return types
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sm120check.doctor.comm.topology_probe", description=__doc__)
     parser.add_argument("--gpus", default="", help="GPU indices (default: every GPU NVML sees)")
@@ -116,25 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     gpus = [int(g) for g in ns.gpus.split(",") if g.strip()]
     if not gpus:
         gpus = _all_gpus()
-    nvml = _nvml(gpus)
-    try:
-        cmdline = bounded.read_text(Path("/proc/cmdline"), 64 << 10, lenient=True).strip()
-    except bounded.Unreadable:
-        cmdline = ""
-    lspci = run_text(["lspci", "-vvv"])
-    if lspci.ok:
-        ports, readable = parse_lspci_acs(lspci.text)
-        acs = AcsEvidence(True, readable, tuple(ports))
-    else:
-        acs = AcsEvidence(False, error=lspci.error)
     evidence = TopologyEvidence(
         tuple(gpus),
-        nvml,
+        _nvml(gpus),
         run_text(["nvidia-smi", "topo", "-m"]),
         run_text(["nvidia-smi", "topo", "-p2p", "r"]),
-        cmdline,
-        acs,
-        _iommu_types(nvml.devices),
     )
     emit(evidence.to_json())
     return 0
