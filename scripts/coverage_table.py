@@ -115,6 +115,7 @@ GPU_CHECKS: Mapping[str, tuple[str, ...]] = {
         f"{_D}/gpu/nvml_health.py",
         f"{_D}/pcie/roots.py",
         f"{_D}/pcie/sysfs.py",
+        f"{_D}/pcie/node.py",  # the run's PCIe facts, where the root ports come from
     ),
     "gpu_peer_stress": (
         f"{_D}/comm/pairs.py",
@@ -128,6 +129,7 @@ GPU_CHECKS: Mapping[str, tuple[str, ...]] = {
         f"{_D}/gpu/nvml_health.py",
         f"{_D}/pcie/roots.py",
         f"{_D}/pcie/sysfs.py",
+        f"{_D}/pcie/node.py",  # the run's PCIe facts, where the root ports come from
     ),
     "nccl_pairs": (
         *_RANKS,
@@ -142,6 +144,7 @@ GPU_CHECKS: Mapping[str, tuple[str, ...]] = {
         f"{_D}/comm/topology_probe.py",
         f"{_D}/comm/topology_payload.py",
         f"{_SRC}/doctor/comm/topology_parse.py",
+        *_PCIE[1:],  # the run's PCIe facts (IOMMU, ACS), read by the facts step
     ),
     "nccl_allreduce": (
         *_RANKS,
