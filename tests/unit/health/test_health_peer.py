@@ -476,3 +476,27 @@ def test_the_read_is_the_same_copy_issued_on_a_stream_of_the_destinations_contex
     assert got.read_gbps == pytest.approx(10 * got.gbps, rel=0.01)
     verdict = verdicts.peer_pair(got, gen5_pair())
     assert verdict.status == "fail" and verdict.summary.startswith("GPU 0 -> 1: posted-write collapse: writes 1.3")
+
+
+def test_the_root_ports_come_from_the_runs_pcie_facts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check declares `needs_pcie`: the facts step reads the fabric once and the judge reads no sysfs itself."""
+    from sm120check.doctor.pcie import fact_file, kernel_log, node, sysfs
+
+    def no_read(*args: Any, **kwargs: Any) -> sysfs.SysfsView:
+        raise AssertionError("the root ports come from the run's PCIe facts")
+
+    monkeypatch.setattr(sysfs, "read", no_read)  # the module probecheck falls back to
+    rows = tuple(
+        sysfs.SysGpu(f"0000:0{i + 1}:00.0", "0x2bb5", "0x030200", (f"0000:{i * 32:02x}:01.1",), f"pci0000:{i * 32:02x}")
+        for i in (0, 1)
+    )
+    fabric = node.PcieFacts(
+        sysfs.SysfsView(rows), None, kernel_log.IommuLog(), fact_file.FactRead("/none", missing=True)
+    )
+    ctx = _ctx(0, 1)
+    ctx.facts = dataclasses.replace(ctx.facts, pcie_read=fabric)
+    check = peer_check.PeerBandwidth()
+    assert facts.pcie_reader([check]) is node.read
+    gpus = list(ctx.facts.gpus or ())
+    result = check.judge(PeerAnswer((pair(50.0),), (link(0), link(1))), ctx, gpus)
+    assert result.data["pairs"][0]["root_ports"] == ["0000:00:01.1", "0000:20:01.1"]  # type: ignore[index]
