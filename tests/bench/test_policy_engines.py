@@ -255,7 +255,10 @@ def test_without_a_measured_zero_step_sweep_sglang_keeps_speculation_at_every_ba
     p = make_policies(analysis(7.2), 3)
     assert p.sglang.config == {"1": {"candidate_steps": [1, 3]}} and p.sglang.off_at is None
     assert "no 0-step slot" in p.sglang.zero_step
-    assert p.sglang.zero_step.endswith("(docs/validation/2026-12-02-h200-policy-2)")  # the record, not its numbers
+    # the finding and its record, not its numbers
+    assert p.sglang.zero_step.endswith(
+        "(see finding sglang-zero-step-verify-cost, docs/validation/2026-12-02-h200-policy-2)"
+    )
     assert p.vllm_per_batch_size == [[1, 7, 3], [8, 1024, 0]] and p.router["switch_to_plain_at_or_above"] == 9
     reduced = make_policies(analysis(13.2), 3, reduced_tier=True)
     assert reduced.sglang.config == {"1": {"candidate_steps": [1, 3]}, "6": {"candidate_steps": [1]}}  # no 0 there
