@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from sm120check import cli
+from sm120check import __version__, cli
 
 # The doctor reads the FlashInfer JIT cache (sm120check.jitcache) itself, but not the `jit` subcommand.
 OTHERS = ("sm120check.bench", "sm120check.sglang", "sm120check.fleet", "sm120check.jitcache.cli")
@@ -40,6 +40,32 @@ def test_the_doctor_runs_without_packaging() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def without_packaging(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`sm120check ARGV` in an interpreter where `packaging` cannot be imported, as on a node (--no-deps install)."""
+    code = (
+        f"import sys\nsys.modules['packaging'] = None\nfrom sm120check import cli\nsys.exit(cli.main({list(argv)!r}))"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["stack", "--help"]])
+def test_every_subcommand_is_listed_on_a_node_without_packaging(argv: list[str]) -> None:
+    """The whole parser (every subcommand's options) is built without `packaging`: `sm120check --version` on a node."""
+    done = without_packaging(*argv)
+    assert done.returncode == 0, done.stderr
+    assert f"sm120check {__version__}" in done.stdout if argv == ["--version"] else "usage:" in done.stdout
+
+
+@pytest.mark.parametrize("command", ["resolve", "plan"])
+def test_a_stack_command_without_packaging_names_the_module(command: str) -> None:
+    args = ["--stack", "inventory/group_vars/all/stack.yml"] + (["--set", "torch=2.15.0"] if command == "plan" else [])
+    done = without_packaging("stack", command, *args)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"sm120check stack {command}: sm120check stack needs the `packaging` module (pip install packaging" in (
+        done.stderr
+    )
 
 
 def test_without_a_subcommand_every_one_is_listed() -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sm120check import argtypes
 from sm120check.exitcodes import Exit
 from sm120check.stack import pip
+from sm120check.stack.dist import NEEDS_PACKAGING
 from sm120check.stack.model import DEFAULT_GLIBC, Sources, Stack, Status, Target, glibc
 
 if TYPE_CHECKING:
@@ -54,14 +55,14 @@ def register(subparsers: Subparsers) -> None:
     res.add_argument("--profile", help="the profile of --stack (default: its sm120kit_profile)")
     res.add_argument("--refresh", action="store_true", help="resolve again even when this manifest is cached")
     _target_arguments(res)
-    res.set_defaults(handler=_resolve)
+    res.set_defaults(handler=_with_packaging(_resolve))
     plan = sub.add_parser("plan", help="what a bump moves with it: --set torch=2.15.0 [--write]")
     plan.add_argument("--stack", type=Path, default=DEFAULT_STACK, help=f"the stack.yml (default {DEFAULT_STACK})")
     plan.add_argument("--profile", help="the profile (default: the file's sm120kit_profile)")
     plan.add_argument("--set", dest="sets", action="append", required=True, metavar="NAME=VERSION", help="a new pin")
     plan.add_argument("--write", action="store_true", help="write the moves into --stack when nothing blocks them")
     _target_arguments(plan)
-    plan.set_defaults(handler=_plan)
+    plan.set_defaults(handler=_with_packaging(_plan))
 
     def _help(args: argparse.Namespace) -> int:
         stack.print_help()
@@ -122,6 +123,21 @@ def request_from_json(text: str) -> tuple[Stack, Target, Sources]:
         wheelhouse=str(src.get("wheelhouse") or ""),
     )
     return stack, target, sources
+
+
+def _with_packaging(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """The subcommand, or exit 2 naming the missing module where this Python lacks `packaging` (a node's venv: the
+    stack commands run on the control node)."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            import packaging.version  # noqa: F401
+        except ImportError:
+            print(f"sm120check stack {args.stack_command}: {NEEDS_PACKAGING}", file=sys.stderr)
+            return Exit.USAGE
+        return handler(args)
+
+    return run
 
 
 def _resolve(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """Project names, versions and `Requires-Dist` lines of the stack's wheels, read with `packaging` (pip's reader).
 
-`sm120check stack` runs on the control node, whose Python has `packaging` (ansible-core requires it). The doctor runs
-on nodes that may lack it and never imports this module: its reader is the standard-library `sm120check.versions`.
+`sm120check stack` runs on the control node, whose Python has `packaging` (ansible-core requires it). Nodes may lack it
+(the role installs sm120check with --no-deps): `packaging` is imported inside the functions that read versions, so
+importing this module (the CLI's parser does) never needs it; the doctor's reader is `sm120check.versions`.
 Markers other than `extra` are taken to hold: the stack targets Linux nodes whatever the control node is, and pip
 itself evaluates every marker in the resolution that decides.
 """
@@ -11,12 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from packaging.requirements import InvalidRequirement
-from packaging.requirements import Requirement as _Requirement
-from packaging.specifiers import SpecifierSet
-from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+NEEDS_PACKAGING = "sm120check stack needs the `packaging` module (pip install packaging; ansible-core brings it)"
 
 _EXTRA = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")
 # What a line writes between the project (and its extras) and its marker: the specifier as its author wrote it.
@@ -24,12 +26,14 @@ _WRITTEN = re.compile(r"\s*[^\s\[(<>=!~;@]+\s*(?:\[[^\]]*\])?\s*\(?(?P<spec>[^;(
 
 
 def canonical_name(name: str) -> str:
-    """PEP 503: `Flashinfer_Python` and `flashinfer-python` are one project."""
-    return str(canonicalize_name(name))
+    """PEP 503: `Flashinfer_Python` and `flashinfer-python` are one project (packaging's canonicalize_name rule)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def version(text: str) -> Version:
     """A PEP 440 version; ValueError naming `text` and the form to write when it is not one."""
+    from packaging.version import InvalidVersion, Version
+
     try:
         return Version(text.strip())
     except InvalidVersion:
@@ -88,6 +92,9 @@ class Requirement:
 
 def requirement(text: str) -> Requirement:
     """A PEP 508 line with a version specifier; ValueError for anything else (a URL requirement: pip judges it)."""
+    from packaging.requirements import InvalidRequirement
+    from packaging.requirements import Requirement as _Requirement
+
     try:
         parsed = _Requirement(text)
     except InvalidRequirement as exc:
