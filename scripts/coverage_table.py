@@ -168,6 +168,7 @@ GPU_CHECKS: Mapping[str, tuple[str, ...]] = {
         f"{_D}/sglang_sm120/sglang_comm.py",
         f"{_D}/sglang_sm120/sglang_comm_probe.py",
         f"{_D}/sglang_sm120/sglang_comm_payload.py",
+        f"{_D}/sglang_sm120/sglang_pcie_ipc_probe.py",
     ),
 }
 
@@ -180,6 +181,7 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
         "tests/gpu/sglang_preflight.py",
         f"{_D}/sglang_sm120/sglang_comm_probe.py",
         f"{_D}/sglang_sm120/sglang_comm_payload.py",
+        f"{_D}/sglang_sm120/sglang_pcie_ipc_probe.py",
         f"{_SRC}/sglang",
     ),
     "tests/gpu/sglang_symm_mem.py": ("tests/gpu/sglang_symm_mem.py", f"{_SRC}/sglang"),

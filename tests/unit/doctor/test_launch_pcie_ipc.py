@@ -1,7 +1,8 @@
 """The `sglang_server` role turns FlashInfer's PCIe-IPC all-reduce on (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 and a
 decode-sized SGLANG_PCIE_IPC_MAX_NUMEL in the server's environment) exactly where the doctor's verdicts allow it:
 SGLang >= 0.5.22, tp 2, 4 or 8, every GPU pair PCIe, iommu, pcie_acs and nccl_pairs passed, and the doctor's own
-PcieIpcAllReduceWorkspace run summed correctly; off with the reason otherwise (no data is off).
+PcieIpcAllReduceWorkspace run summed correctly, and sglang_comm's run of SGLang's own PcieIpcCommunicator was exact;
+off with the reason otherwise (no data is off).
 
 Real check outputs: `iommu` and `pcie_acs` on the fixture fabrics (pcie_trees.py), `nccl_pairs` from its judge,
 `topology` from its judge on recorded `nvidia-smi topo -m` outputs (tests/fixtures/comm), `allreduce_fusion` from its
@@ -87,8 +88,9 @@ SIZED: dict[str, object] = {
     "sglang_server_max_running_requests": 48,
 }
 CASES: dict[str, Case] = {
-    "safe-pcie": (lambda: good(), SIZED),
-    "on-unsized": (lambda: good(), {"sglang_server_tp_size": 2}),
+    "safe-pcie": (lambda: [*good(), judged(ipc_run(), ipc_run())], SIZED),
+    "on-unsized": (lambda: [*good(), judged(ipc_run(), ipc_run())], {"sglang_server_tp_size": 2}),
+    "sglang-comm-not-run": (lambda: good(), SIZED),
     "forced-off": (lambda: good(), {**SIZED, "sglang_server_pcie_ipc_allreduce": "off"}),
     "sglang-0.5.16": (lambda: good("0.5.16"), SIZED),
     "no-sglang-version": (lambda: good()[:3], SIZED),
@@ -188,6 +190,7 @@ def test_without_a_hidden_size_sglang_sizes_the_workspace_itself(
         ("nccl-pairs-not-run", "nccl_pairs not run: P2P is not shown safe"),
         ("nvlink", "(topology: the GPU pairs are nvlink, not PCIe only)"),
         ("ipc-run-failed", "(the doctor's PcieIpcAllReduceWorkspace run failed: CUDA error: peer access is not"),
+        ("sglang-comm-not-run", "(sglang_comm ran no PcieIpcCommunicator (SGLang's own, two GPUs or more; not run"),
         ("sglang-ipc-off", "(sglang_comm: SGLang's PcieIpcCommunicator off: WARNING: FlashInfer PCIe-IPC workspace"),
         ("sglang-ipc-wrong", "(sglang_comm: SGLang's PcieIpcCommunicator wrong at 8 rows)"),
     ],

@@ -101,6 +101,14 @@ def test_a_workspace_that_did_not_build_warns_with_sglangs_line() -> None:
     assert result.remedy == remedies.SGLANG_PCIE_IPC_OFF
 
 
+def test_a_world_size_its_kernels_lack_is_named() -> None:
+    """Three ranks: SGLang disables the communicator with a debug line only (not captured), so the judge names why."""
+    three = ipc_run(disabled=True, max_numel=0, checks=[], log=[])
+    result = judged(three, three, three)
+    assert result.status is Status.WARN
+    assert "OFF (SGLang: world size 3: its kernels build for 2, 4 or 8 ranks only)" in result.summary
+
+
 def test_a_communicator_that_took_nothing_is_off() -> None:
     none_taken = ipc_run(checks=[{"tokens": t, "taken": False} for t in (1, 3, 8, 256)])
     result = judged(none_taken, none_taken)

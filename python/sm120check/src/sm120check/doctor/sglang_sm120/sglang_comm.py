@@ -21,6 +21,7 @@ from sm120check.doctor.probecheck import Payload, ProbeCheck, malformed, with_ev
 from sm120check.doctor.sglang_sm120.sglang_comm_payload import PcieIpcRun, SglangCommAnswer, SglangRank
 
 CHECK_ID = "sglang_comm"
+SUPPORTED_WORLD_SIZES = (2, 4, 8)  # pcie_ipc_ar.py's _SUPPORTED_WORLD_SIZES
 FAMILY = "sglang_sm120"
 
 
@@ -149,7 +150,7 @@ def judge_sglang_comm(answer: SglangCommAnswer) -> Result:
         f"{c.name} {'on' if c.on else 'OFF'} ({c.evidence})" for c in choices
     )
     details = "\n".join([*logs, f"sizes the communicator left to NCCL: {skipped}" if skipped else ""]).strip()
-    ipc = judge_pcie_ipc([r.pcie_ipc for r in ranks if r.pcie_ipc is not None])
+    ipc = judge_pcie_ipc([r.pcie_ipc for r in ranks if r.pcie_ipc is not None], len(ranks))
     if ipc is not None:
         data_out["pcie_ipc"] = ipc.data
         summary += f"; PCIe-IPC all-reduce (opt-in) {ipc.text}"
@@ -175,7 +176,7 @@ class PcieIpcVerdict:
     data: dict[str, object]
 
 
-def judge_pcie_ipc(runs: Sequence[PcieIpcRun]) -> PcieIpcVerdict | None:
+def judge_pcie_ipc(runs: Sequence[PcieIpcRun], world_size: int) -> PcieIpcVerdict | None:
     """The ranks' runs -> one verdict (pure); None when no rank ran it (one GPU, or a probe before it existed)."""
     if not runs:
         return None
@@ -190,6 +191,8 @@ def judge_pcie_ipc(runs: Sequence[PcieIpcRun]) -> PcieIpcVerdict | None:
     base: dict[str, object] = {"rows": rows, "max_numel": max_numel}
     if any(r.disabled for r in runs):
         line = _first(logs, "failed", "no pcie_ipc_comm", "PCIe-IPC") or "PcieIpcCommunicator disabled itself"
+        if world_size not in SUPPORTED_WORLD_SIZES and not logs:  # SGLang says so at debug level only
+            line = f"world size {world_size}: its kernels build for 2, 4 or 8 ranks only"
         choice = Choice(name, False, f"SGLang: {line}", remedies.SGLANG_PCIE_IPC_OFF)
         return PcieIpcVerdict("off", f"OFF ({choice.evidence})", choice, base | {"state": "off", "reason": line})
     checks = [c for r in runs for c in r.checks]
