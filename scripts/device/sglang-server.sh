@@ -27,6 +27,9 @@
 #   envelope-a, envelope-b, envelope-c  issue #33's five curves in three calls on one warm machine
 #             (tests/gpu/test_sglang_envelope.py: the base and 3-step sweeps; the 7-step sweep, the tiers and the
 #             policy server with the switch; SGLang's adaptive mode and table.json; about 5, 5 and 3 minutes)
+#   envelope-spread-a, envelope-spread-b  the same with each request's output length uniform in 128 x (1 +- 0.5)
+#             (SM120KIT_ENVELOPE_SPREAD), in two calls: the base and 7-step sweeps; the policy server planned from
+#             them and the verdict (about 6.5 and 3.5 minutes)
 #   soak-base, soak-killed, soak-spec  issue #37's soak record (tests/gpu/test_sglang_soak.py): the base server held at
 #             SOAK_C=64 for SOAK_S=300 s (about 8 minutes with the server's start); the base server killed 40 s into
 #             a 90 s soak (about 3); the EAGLE-3 server at SOAK_SPEC_C=8 for SOAK_S s (about 8); soak-load: no server,
@@ -172,6 +175,16 @@ phase_envelope_b() {
 phase_envelope_c() {
   GPU_TESTS=tests/gpu/test_sglang_envelope.py \
     PYTEST_K="test_sweep_sglangs_adaptive_mode or test_the_policy_is_on_the_envelope" phase_gputests
+}
+
+phase_envelope_spread_a() {
+  SM120KIT_ENVELOPE_SPREAD=${SM120KIT_ENVELOPE_SPREAD:-0.5} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
+    PYTEST_K="TestEnvelopeCurves and (base or spec-7)" phase_gputests
+}
+
+phase_envelope_spread_b() {
+  SM120KIT_ENVELOPE_SPREAD=${SM120KIT_ENVELOPE_SPREAD:-0.5} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
+    PYTEST_K="test_sweep_the_policy_server or test_the_policy_is_on_the_envelope" phase_gputests
 }
 
 phase_pcie() {

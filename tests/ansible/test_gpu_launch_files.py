@@ -53,6 +53,10 @@ def test_the_committed_launch_files_are_the_roles_rendering(tmp_path: Path) -> N
     assert "--speculative-algorithm EAGLE3" in (tmp_path / "spec.txt").read_text()
     deeper = shlex.split((tmp_path / "spec-7.txt").read_text())
     assert spec_numbers(deeper) == (7, 1, 8) and "--speculative-adaptive" not in deeper
+    # rendered after the adaptive plays in the same ansible-playbook run: the role's facts outlive a play, and a
+    # sized-for-adaptive step count once leaked into these two (the envelope's 7-step curve ran 3 steps)
+    for name in ("spec-7-uncapped.txt", "switch-7.txt"):
+        assert spec_numbers(shlex.split((tmp_path / name).read_text())) == (7, 1, 8), name
     bad = (tmp_path / "bad-draft.txt").read_text()
     assert "--model-path /tmp/sm120kit-models/bad-draft/target" in bad
     assert "--speculative-draft-model-path /tmp/sm120kit-models/bad-draft/draft" in bad

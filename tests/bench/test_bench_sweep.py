@@ -146,3 +146,35 @@ def test_without_server_log_no_switch_field(spec_sim: Sim, tmp_path: Path) -> No
     out = tmp_path / "r.jsonl"
     assert bench(spec_sim, out, "--concurrency", "2", "--duration", "0.3") == 0
     assert "plain_decode_batches" not in json.loads(out.read_text().splitlines()[0])
+
+
+def test_output_len_spread_draws_the_same_lengths_for_every_server() -> None:
+    from sm120check.bench.prompts import output_len
+
+    assert {output_len(128, 0.0, 7, 30, i) for i in range(50)} == {128}
+    drawn = [output_len(128, 0.5, 7, 30, i) for i in range(2000)]
+    assert min(drawn) >= 64 and max(drawn) <= 192 and len(set(drawn)) > 100
+    assert sum(drawn) / len(drawn) == pytest.approx(128, rel=0.03)  # the mean stays --output-len
+    assert drawn == [output_len(128, 0.5, 7, 30, i) for i in range(2000)]  # the next server is asked the same
+    assert drawn != [output_len(128, 0.5, 8, 30, i) for i in range(2000)]  # another --seed, other draws
+    assert output_len(1, 0.9, 0, 1, 0) >= 1
+
+
+@pytest.mark.parametrize("bad", ["1", "-0.1", "nan", "half"])
+def test_output_len_spread_out_of_range_is_a_usage_error(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        run_subcommand("bench", "--url", "http://127.0.0.1:9", "--output-len-spread", bad)
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert "--output-len-spread" in err and repr(bad) in err and "less than 1" in err
+
+
+def test_a_sweep_with_spread_lengths_counts_each_requests_own_length(plain_sim: Sim, tmp_path: Path) -> None:
+    out = tmp_path / "spread.jsonl"
+    code = bench(plain_sim, out, "--concurrency", "2", "--requests-per-level", "8", "--output-len-spread", "0.5")
+    assert code == 0
+    (record,) = read_jsonl(out)
+    # each request's tokens are checked against its own asked length (closedloop's anomaly), none exceeded it
+    assert record.errors == 0 and record.requests == 8
+    assert not [w for w in record.warnings if "--output-len" in w], record.warnings
+    assert json.loads(out.read_text())["args"]["output_len_spread"] == 0.5  # the record says how it was asked

@@ -60,7 +60,7 @@ def test_static_launch_names_the_levels_it_cannot_realise() -> None:
     plan = tiers.plan(real(), switch=True)
     launch = tiers.static_launch(plan)
     assert launch.steps == 7
-    assert launch.plain_from == plan.plain_from
+    assert plan.plain_from is not None and launch.plain_from is not None and launch.plain_from <= plan.plain_from
     for lv in plan.levels:
         if tiers.launched(launch.steps, launch.plain_from, lv.level) != lv.steps:
             assert lv.level in launch.lost
@@ -144,3 +144,23 @@ def test_sglangs_own_slots_keep_the_tiers_whatever_the_acceptance(tmp_path: Path
             for _ in range(100):
                 params.on_verify_complete([correct] * batch, batch_size=batch)
             assert params.get_steps_for_batch(batch) == want, (version, batch, correct)
+
+
+def test_the_switch_threshold_is_the_interpolated_crossing_not_the_first_plain_level() -> None:
+    """The H100 envelope run (docs/validation/2026-12-06-h100-envelope): 7 steps win by 2 % at C=30, plain by 24 %
+    at C=70; a threshold of 70 left every batch of 46-69 at level 70 speculating. The curves cross near 33."""
+    base = tiers.Sweep("base", 0, {1: 350.1, 10: 3009.0, 30: 7524.1, 70: 12607.9, 100: 14627.0})
+    spec = tiers.Sweep("spec-7", 7, {1: 606.5, 10: 3969.5, 30: 7678.4, 70: 10176.2, 100: 10391.6})
+    plan = tiers.plan([base, spec], switch=True)
+    assert plan.plain_from == 70
+    launch = tiers.static_launch(plan)
+    assert launch.plain_from == 33 and launch.lost == ()
+    assert tiers.static_json(launch)["environment"] == {"SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS": "33"}
+    # a crossing at 1.5 rounds up to the first plain level
+    only_plain = tiers.plan([tiers.Sweep("b", 0, {1: 5.0, 2: 9.0}), tiers.Sweep("s", 3, {1: 6.0, 2: 8.0})], True)
+    assert tiers.static_launch(only_plain).plain_from == 2
+    # a depth the level below did not measure: no crossing to draw, the first plain level
+    gap = tiers.plan(
+        [tiers.Sweep("b", 0, {1: 5.0, 2: 9.0}), tiers.Sweep("s", 3, {2: 8.0}), tiers.Sweep("t", 7, {1: 6.0})], True
+    )
+    assert tiers.static_launch(gap).plain_from == 2

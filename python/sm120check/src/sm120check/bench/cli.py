@@ -43,7 +43,7 @@ from sm120check.bench.identity import (
 )
 from sm120check.bench.metrics import Scrape, SpecFamily, family_for, spec_delta
 from sm120check.bench.openloop import HARD_MAX_IN_FLIGHT, OpenLoopStats, RatePlan, peak_in_flight, run_rate_level
-from sm120check.bench.prompts import load_prompt_file, synthetic_prompts, unique_prompt
+from sm120check.bench.prompts import load_prompt_file, output_len, synthetic_prompts, unique_prompt
 from sm120check.bench.records import LevelSummary, append_jsonl, level_table
 from sm120check.bench.server_rate import GENERATION_COUNTERS, CounterSampler
 from sm120check.bench.server_rate import judge as judge_window
@@ -99,6 +99,7 @@ _timeout = argtypes.seconds
 _duration = argtypes.real(0, argtypes.DAY_S, unit="of seconds", low_open=True)
 _temperature = argtypes.real(0, 100, hint="0 is greedy")
 _pause = argtypes.real(0, 3600, unit="of seconds")
+_spread = argtypes.real(0, 1, high_open=True, hint="0 gives every request --output-len tokens")
 _lifetimes = argtypes.real(1, 1000, unit="of request lifetimes")
 _positive_int = argtypes.whole(1, 1 << 20)
 _length = argtypes.whole(1, 1 << 20, unit="of words or tokens")
@@ -203,6 +204,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--input-len", type=_length, default=256, help="synthetic prompt length in words")
     p.add_argument("--output-len", type=_length, default=256, help="output tokens per request")
+    p.add_argument(
+        "--output-len-spread",
+        type=_spread,
+        default=0.0,
+        help="draw each request's output length uniformly from --output-len x (1 +- this fraction), the same draws "
+        "for every server given the same --seed (default: 0, fixed lengths). Real traffic's lengths vary; fixed "
+        "lengths make the requests that start together finish together, and a closed loop then refills in "
+        "cohorts, which favours a server whose steps keep every request in step (the plain one)",
+    )
     p.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (>= 0)")
     p.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (variable lengths)")
     p.add_argument("--prompt-file", type=Path, help="prompts, one per line or JSONL with a prompt field")
@@ -325,6 +335,7 @@ class SweepConfig:
     warmup: int
     input_len: int
     output_len: int
+    output_len_spread: float  # 0: every request asks for output_len tokens
     temperature: float
     ignore_eos: bool
     prompts: tuple[str, ...] | None  # None: synthetic prompts
@@ -378,6 +389,7 @@ class SweepConfig:
             warmup=warmup,
             input_len=args.input_len,
             output_len=args.output_len,
+            output_len_spread=args.output_len_spread,
             temperature=args.temperature,
             ignore_eos=not args.no_ignore_eos,
             prompts=tuple(prompts) if prompts else None,
@@ -917,9 +929,8 @@ async def _sweep(config: SweepConfig, summaries: list[LevelSummary]) -> None:
         def make_spec(i: int, c: int = level.prompt_key) -> RequestSpec:
             body = pool[i % len(pool)]
             prompt = body if config.reuse_prompts else unique_prompt(body, run_id, c, i)
-            return RequestSpec(
-                prompt, config.output_len, config.temperature, config.ignore_eos, found.model, found.cache_prompt
-            )
+            tokens = output_len(config.output_len, config.output_len_spread, config.seed, c, i)
+            return RequestSpec(prompt, tokens, config.temperature, config.ignore_eos, found.model, found.cache_prompt)
 
         async def start(number: int = number, facts: ServerFacts = facts) -> _Start:
             # the first level's start is what the server said just before it (discovery); later ones are read again

@@ -37,6 +37,15 @@ def synthetic_prompts(count: int, words: int, seed: int = 0) -> list[str]:
     return prompts
 
 
+def output_len(mean: int, spread: float, seed: int, level: int, index: int) -> int:
+    """Request `index` of `level`'s output length: `mean` when `spread` is 0, else uniform in mean x (1 +- spread)
+    (at least 1), drawn from (seed, level, index) alone, so every server of a comparison is asked the same lengths."""
+    if spread <= 0:
+        return mean
+    low, high = max(1, round(mean * (1 - spread))), max(1, round(mean * (1 + spread)))
+    return random.Random(f"output-len:{seed}:{level}:{index}").randint(low, high)
+
+
 def unique_prompt(body: str, run_id: str, level: int, index: int) -> str:
     """`body` with a tag no other request of any run shares, as its first words, most varying part first: the
     request's index, then the level, then the run id. A prefix cache matches from the first token, so a tag that

@@ -11,8 +11,11 @@ slower than the plain server, and the plain side belongs to a router (crossover'
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from sm120check.bench.crossover import interpolate
 
 PLAIN = 0  # the steps of the plain server's curve
 
@@ -127,7 +130,7 @@ class StaticLaunch:
     """One static depth below the switch's threshold, the plain decode from it: no adaptive mode."""
 
     steps: int
-    plain_from: int | None  # SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS (None: the switch stays off)
+    plain_from: int | None  # SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS, a batch size (None: the switch stays off)
     lost: tuple[int, ...]  # levels whose winner this launch cannot run (another depth)
 
 
@@ -136,9 +139,31 @@ def static_launch(p: TierPlan) -> StaticLaunch:
     if not speculative:
         raise TierError("the plain server wins at every level: launch it without speculation")
     steps = speculative[0].steps  # the lowest level's winner: where speculation pays most
-    start = p.plain_from if p.switch else None
+    start = switch_threshold(p, steps) if p.switch else None
     lost = tuple(lv.level for lv in p.levels if launched(steps, start, lv.level) != lv.steps)
     return StaticLaunch(steps, start, lost)
+
+
+def switch_threshold(p: TierPlan, steps: int) -> int | None:
+    """The batch size from which the switch runs plain: where the `steps` curve crosses the plain one, interpolated
+    (log-log, as crossover's) between the last level below `plain_from` and `plain_from`, rounded up. Not the first
+    level plain wins: at a level of C requests the running batch dips below C as requests finish and their
+    successors queue, so every batch between the crossing and C would speculate where plain is faster (on the H100
+    envelope run, level 70 with threshold 70 ran over 200 speculative batches of 46-69)."""
+    start = p.plain_from
+    if start is None:
+        return None
+    below = [lv for lv in p.levels if lv.level < start]
+    at = next(lv for lv in p.levels if lv.level == start)
+    if not below or steps not in below[-1].measured or steps not in at.measured or PLAIN not in below[-1].measured:
+        return start
+    prev = below[-1]
+    status, value, _ = interpolate(
+        [prev.level, at.level], [prev.measured[PLAIN], at.measured[PLAIN]], [prev.measured[steps], at.measured[steps]]
+    )
+    if status != "found" or value is None:
+        return start
+    return min(start, max(prev.level + 1, math.ceil(value)))
 
 
 def launched(steps: int, plain_from: int | None, level: int) -> int:
