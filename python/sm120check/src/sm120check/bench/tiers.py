@@ -148,8 +148,8 @@ def switch_threshold(p: TierPlan, steps: int) -> int | None:
     """The batch size from which the switch runs plain: where the `steps` curve crosses the plain one, interpolated
     (log-log, as crossover's) between the last level below `plain_from` and `plain_from`, rounded up. Not the first
     level plain wins: at a level of C requests the running batch dips below C as requests finish and their
-    successors queue, so every batch between the crossing and C would speculate where plain is faster (on the H100
-    envelope run, level 70 with threshold 70 ran over 200 speculative batches of 46-69)."""
+    successors queue, so every batch between the crossing and C would speculate where plain is faster (see finding
+    switch-threshold-below-level)."""
     start = p.plain_from
     if start is None:
         return None
