@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -201,3 +201,70 @@ def test_the_lines_the_judge_quotes_are_sglangs_own(version: str) -> None:
     assert '"FlashInfer PCIe-IPC workspace (max_numel=%d) failed: %s; "' in text
     assert '"no pcie_ipc_comm; falling back to NCCL all-reduce."' in text
     assert '"FlashInfer PCIe-IPC workspace built (world=%d, max_numel=%d, hidden=%d)"' in text
+
+
+def test_a_build_that_raised_warns_off_with_the_exception() -> None:
+    raised = {"present": True, "disabled": True, "rows": 256, "error": "RuntimeError: nvcc failed", "log": []}
+    result = judged(raised, ipc_run())
+    assert result.status is Status.WARN, result.summary
+    assert "OFF (SGLang: building it raised RuntimeError: nvcc failed)" in result.summary
+    assert result.data["pcie_ipc"]["state"] == "off"  # the launch role keeps it off: only "ok" turns it on
+    assert PcieIpcRun.from_json(Fields("sglang_comm", raised)).to_json() == raised | {"checks": []}
+
+
+def test_a_reduction_that_raised_fails_and_names_the_exception_and_rows() -> None:
+    faulted = ipc_run()
+    faulted["checks"] = [
+        faulted["checks"][0],
+        {"tokens": 3, "taken": True, "exact": False, "error": "CUDA error: an illegal memory access was encountered"},
+    ]
+    result = judged(ipc_run(), faulted)
+    assert result.status is Status.FAIL
+    assert "WRONG (all-reduce raised CUDA error: an illegal memory access was encountered at 3 rows)" in result.summary
+    assert result.data["pcie_ipc"]["state"] == "wrong" and result.data["pcie_ipc"]["wrong_rows"] == [3]
+
+
+class _Raising:
+    """Stand-in for SGLang's PcieIpcCommunicator (no second GPU here): the one call that raises, nothing else."""
+
+    disabled = False
+    max_numel = 1835008
+    destroyed = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def prepare(self, hidden: int, max_rows: int) -> None:
+        raise RuntimeError("pcie_ipc_comm JIT build failed")
+
+    def destroy(self) -> None:
+        _Raising.destroyed += 1
+
+
+def test_the_rank_side_answers_when_sglang_raises_instead_of_failing_the_whole_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import contextlib
+    import types
+
+    module = types.ModuleType(sglang_pcie_ipc.MODULE)
+    module.PcieIpcCommunicator = _Raising  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, sglang_pcie_ipc.MODULE, module)
+
+    class Log:
+        lines: ClassVar[list[str]] = []
+
+    @contextlib.contextmanager
+    def captured(name: str) -> Any:
+        yield Log()
+
+    class Ctx:
+        args: ClassVar[dict[str, Any]] = {"hidden": 64, "tokens": [1, 3], "pcie_ipc_rows": 8}
+
+        def phase(self, name: str) -> None:
+            pass
+
+    out = sglang_pcie_ipc.run(Ctx(), "cpu", None, captured)  # type: ignore[arg-type]
+    assert out["disabled"] is True and out["error"] == "RuntimeError: pcie_ipc_comm JIT build failed"
+    assert _Raising.destroyed == 1  # released, though prepare raised
+    assert PcieIpcRun.from_json(Fields("sglang_comm", out)).error == out["error"]

@@ -190,7 +190,9 @@ def judge_pcie_ipc(runs: Sequence[PcieIpcRun], world_size: int) -> PcieIpcVerdic
     max_numel = min((r.max_numel or 0) for r in runs)
     base: dict[str, object] = {"rows": rows, "max_numel": max_numel}
     if any(r.disabled for r in runs):
+        raised = next((r.error for r in runs if r.error), None)
         line = _first(logs, "failed", "no pcie_ipc_comm", "PCIe-IPC") or "PcieIpcCommunicator disabled itself"
+        line = f"building it raised {raised}" if raised else line
         if world_size not in SUPPORTED_WORLD_SIZES and not logs:  # SGLang says so at debug level only
             line = f"world size {world_size}: its kernels build for 2, 4 or 8 ranks only"
         choice = Choice(name, False, f"SGLang: {line}", remedies.SGLANG_PCIE_IPC_OFF)
@@ -199,6 +201,8 @@ def judge_pcie_ipc(runs: Sequence[PcieIpcRun], world_size: int) -> PcieIpcVerdic
     wrong = sorted({c.tokens for c in checks if c.taken and not c.exact})
     if wrong:
         evidence = f"all-reduce differs from the exact sum at {'/'.join(map(str, wrong))} rows"
+        if raised := next((f"{c.error} at {c.tokens} rows" for c in checks if c.error), None):
+            evidence = f"all-reduce raised {raised}"
         choice = Choice(name, False, evidence, remedies.SGLANG_PCIE_IPC_WRONG)
         return PcieIpcVerdict("wrong", f"WRONG ({evidence})", choice, base | {"state": "wrong", "wrong_rows": wrong})
     taken = sorted({c.tokens for c in checks if c.taken})

@@ -87,10 +87,11 @@ class PcieIpcCheck:
     exact: bool | None = None
     pcie_ipc_us: float | None = None
     nccl_us: float | None = None
+    error: str | None = None  # the exception the reduction raised (exact is then False)
 
     def to_json(self) -> dict[str, object]:
         values = {"tokens": self.tokens, "taken": self.taken, "exact": self.exact}
-        return _drop_none(values | {"pcie_ipc_us": self.pcie_ipc_us, "nccl_us": self.nccl_us})
+        return _drop_none(values | {"pcie_ipc_us": self.pcie_ipc_us, "nccl_us": self.nccl_us, "error": self.error})
 
     @classmethod
     def from_json(cls, f: Fields) -> PcieIpcCheck:
@@ -100,6 +101,7 @@ class PcieIpcCheck:
             f.maybe_flag("exact"),
             f.maybe_number("pcie_ipc_us"),
             f.maybe_number("nccl_us"),
+            f.maybe_text("error"),
         )
 
 
@@ -115,11 +117,13 @@ class PcieIpcRun:
     max_numel: int | None = None
     checks: tuple[PcieIpcCheck, ...] = ()
     log: tuple[str, ...] = ()
+    error: str | None = None  # the exception SGLang's build or prepare raised (disabled is then True)
 
     def to_json(self) -> dict[str, object]:
         if not self.present:
             return _drop_none({"present": False, "reason": self.reason})
-        head = {"present": True, "disabled": self.disabled, "rows": self.rows, "max_numel": self.max_numel}
+        head: dict[str, object] = {"present": True, "disabled": self.disabled, "rows": self.rows}
+        head |= {"max_numel": self.max_numel, "error": self.error}
         return _drop_none(head) | {"checks": [c.to_json() for c in self.checks], "log": list(self.log)}
 
     @classmethod
@@ -132,8 +136,9 @@ class PcieIpcRun:
             f.flag("disabled"),
             f.maybe_integer("rows"),
             f.maybe_integer("max_numel"),
-            tuple(PcieIpcCheck.from_json(c) for c in f.objects("checks")),
+            tuple(PcieIpcCheck.from_json(c) for c in f.objects("checks")) if f.has("checks") else (),
             f.texts("log") if f.has("log") else (),
+            f.maybe_text("error"),
         )
 
 

@@ -210,7 +210,10 @@ def rank_main(ctx: RankContext) -> Mapping[str, Any]:
         if ctx.world_size >= 2:
             data["symm_mem"] = _symm(ctx, device)
             data["pcie_ipc"] = sglang_pcie_ipc.run(ctx, device, cpu_group, captured)
-            if data["preflight"].get("ok", True):
+            faulted = any("error" in c for c in data["pcie_ipc"].get("checks", ()))
+            if faulted:  # a CUDA fault poisons this process: the fused run would only fail on it
+                data["fusion"] = {"ran": False, "reason": "not run: SGLang's PCIe-IPC all-reduce raised before it"}
+            elif data["preflight"].get("ok", True):
                 data["fusion"] = _fusion(mod, ctx, device, cpu_group)
         dist.barrier()
         return data

@@ -27,7 +27,6 @@ ITERS, WARMUP = 50, 10  # per size and backend: enough for a median, bounded und
 
 def run(ctx: RankContext, device: Any, cpu_group: Any, captured: Any) -> dict[str, Any]:
     """The communicator on this rank: built or not (SGLang's log says why), then each row count's check."""
-    import torch
     import torch.distributed as dist
 
     try:
@@ -37,11 +36,16 @@ def run(ctx: RankContext, device: Any, cpu_group: Any, captured: Any) -> dict[st
     hidden = int(ctx.args["hidden"])
     rows = int(ctx.args.get("pcie_ipc_rows") or DEFAULT_ROWS)
     ctx.phase("PcieIpcCommunicator")
+    comm = None
     with captured(MODULE) as log:
-        comm = module.PcieIpcCommunicator(dist.group.WORLD, device, cpu_group=cpu_group)
-        if not comm.disabled:
-            ctx.phase("PcieIpcCommunicator.prepare")
-            comm.prepare(hidden=hidden, max_rows=rows)
+        try:
+            comm = module.PcieIpcCommunicator(dist.group.WORLD, device, cpu_group=cpu_group)
+            if not comm.disabled:
+                ctx.phase("PcieIpcCommunicator.prepare")
+                comm.prepare(hidden=hidden, max_rows=rows)
+        except Exception as exc:  # SGLang's build or warm-up raised: this part's answer, not the whole probe's
+            _release(comm)
+            return {"present": True, "disabled": True, "rows": rows, "error": _text(exc), "log": log.lines}
     out: dict[str, Any] = {"present": True, "disabled": bool(comm.disabled), "rows": rows, "checks": []}
     out["max_numel"] = int(getattr(comm, "max_numel", 0) or 0)
     try:
@@ -49,14 +53,33 @@ def run(ctx: RankContext, device: Any, cpu_group: Any, captured: Any) -> dict[st
             return out
         with captured(MODULE) as checks_log:
             for tokens in sorted({*(int(t) for t in ctx.args["tokens"]), rows}):
-                out["checks"].append(_check(ctx, comm, tokens, hidden, device))
+                try:
+                    out["checks"].append(_check(ctx, comm, tokens, hidden, device))
+                except Exception as exc:  # a reduction that faults: wrong at this size, and the rest not tried
+                    out["checks"].append({"tokens": tokens, "taken": True, "exact": False, "error": _text(exc)})
+                    break
         log.lines.extend(checks_log.lines)
     finally:
         out["log"] = log.lines
-        if not comm.disabled:
+        _release(comm)
+    return out
+
+
+def _text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def _release(comm: Any) -> None:
+    """Destroy the communicator and wait for the device; after a CUDA fault both may raise again, which is already
+    reported."""
+    import torch
+
+    try:
+        if comm is not None and not comm.disabled:
             comm.destroy()
         torch.cuda.synchronize()
-    return out
+    except Exception:  # the fault that caused it is the answer
+        pass
 
 
 def _check(ctx: RankContext, comm: Any, tokens: int, hidden: int, device: Any) -> dict[str, Any]:
