@@ -30,6 +30,9 @@
 #   envelope-spread-a, envelope-spread-b  the same with each request's output length uniform in 128 x (1 +- 0.5)
 #             (SM120KIT_ENVELOPE_SPREAD), in two calls: the base and 7-step sweeps; the policy server planned from
 #             them and the verdict (about 6.5 and 3.5 minutes)
+#   pcie-ipc-jit  issue #38 on one GPU: FlashInfer's pcie_ipc_comm JIT-built cold for 9.0a and 12.0f (sm_120, compile
+#             only) into fresh workspaces, then the doctor's flashinfer_jit (about 1 minute); the off case is
+#             server-base's verify-launch (allreduce_backend default on the 0.5.16 server)
 #   soak-base, soak-killed, soak-spec  issue #37's soak record (tests/gpu/test_sglang_soak.py): the base server held at
 #             SOAK_C=64 for SOAK_S=300 s (about 8 minutes with the server's start); the base server killed 40 s into
 #             a 90 s soak (about 3); the EAGLE-3 server at SOAK_SPEC_C=8 for SOAK_S s (about 8); soak-load: no server,
@@ -185,6 +188,21 @@ phase_envelope_spread_a() {
 phase_envelope_spread_b() {
   SM120KIT_ENVELOPE_SPREAD=${SM120KIT_ENVELOPE_SPREAD:-0.5} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
     PYTEST_K="test_sweep_the_policy_server or test_the_policy_is_on_the_envelope" phase_gputests
+}
+
+phase_pcie_ipc_jit() {
+  log "pcie-ipc-jit: FlashInfer's pcie_ipc_comm built cold for sm_90a and sm_120 (compile only), then the doctor's view"
+  local dir="$out/pcie-ipc-jit" rc=0 arch
+  mkdir -p "$dir"
+  for arch in 9.0a 12.0f; do
+    FLASHINFER_WORKSPACE_BASE="/tmp/fiws-${arch}" timeout 300 "$VENV/bin/python" -m sm120check.jitcache build --json \
+      --arch-list "$arch" --modules pcie_ipc_comm > "$dir/build-${arch}.json" 2> "$dir/build-${arch}.err" || rc=1
+    tail -c 1500 "$dir/build-${arch}.json"
+  done
+  FLASHINFER_WORKSPACE_BASE=/tmp/fiws-9.0a timeout 120 "$VENV/bin/python" -m sm120check doctor --select flashinfer_jit \
+    > "$dir/doctor-flashinfer-jit.txt" 2>&1
+  cat "$dir/doctor-flashinfer-jit.txt"
+  return $rc
 }
 
 phase_pcie() {

@@ -96,6 +96,8 @@ class TestBase:
         rc, verdicts, report = verify(base_server, "base.txt")
         assert rc == 0, report
         assert verdicts == {"cuda-graph": "ok"}, verdicts
+        # PCIe-IPC stayed off (one GPU, SGLang before 0.5.22): no PCIe-IPC line in a complete startup is the default
+        assert report["data"]["allreduce_backend"] == "default", report["data"]["allreduce"]
 
     @pytest.mark.parametrize(("launch", "claim"), [("spec.txt", "speculative"), ("fusion-on-one-gpu.txt", "fusion")])
     def test_verify_launch_catches_a_wrong_launch_file(self, base_server: Server, launch: str, claim: str) -> None:
