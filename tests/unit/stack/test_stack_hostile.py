@@ -365,6 +365,17 @@ def test_write_keeps_the_files_mode(tmp_path: Path, stack: Path, cache: Path, mo
     assert '      alpha: "2.0"  # the first pin\n' in stack.read_text()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user takes root")
+def test_write_keeps_the_files_owner(tmp_path: Path, stack: Path, cache: Path) -> None:
+    os.chown(stack, 65534, 65534)  # a 0600 stack.yml owned by nobody became root-owned (ST1)
+    stack.chmod(0o600)
+    code, _, err = _write(stack, wheelhouse(tmp_path), "alpha=2.0")
+    assert code == 0, err
+    after = stack.stat()
+    assert (after.st_uid, after.st_gid, stat.S_IMODE(after.st_mode)) == (65534, 65534, 0o600)
+    assert '      alpha: "2.0"  # the first pin\n' in stack.read_text()
+
+
 def test_write_through_a_symlinked_stack_yml_updates_the_file_it_names(tmp_path: Path, cache: Path) -> None:
     real = tmp_path / "real" / "stack.yml"
     real.parent.mkdir()
