@@ -62,6 +62,22 @@ def test_a_level_where_no_request_finished_is_a_failure(tmp_path: Path, capsys: 
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("level_timeout", ["0.05", "1e-9"])
+def test_a_level_timeout_shorter_than_any_request_is_a_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], level_timeout: str
+) -> None:
+    out = tmp_path / "o.jsonl"
+    with hostile_server(Hostile(delay=0.5)) as server:  # a healthy server; was exit 0 with requests 0 (probe 3 BL6)
+        code = _bench(
+            server.url, out, "--concurrency", "1", "--requests-per-level", "4", "--level-timeout", level_timeout
+        )
+    err = capsys.readouterr().err
+    assert code == 1 and "C=1: no measured request could be counted" in err
+    [record] = _records(out)
+    assert record["requests"] == 0 and record["flags"] == ["no_numbers"]
+
+
+@pytest.mark.timeout(60)
 def test_a_metrics_stall_as_the_level_ends_keeps_the_level(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "o.jsonl"
     with hostile_server(Hostile(metrics_ok=4)) as server:  # was "no complete response within", rc 1, no o.jsonl
@@ -140,6 +156,7 @@ def test_min_lifetimes_capped_by_the_level_timeout_says_so(tmp_path: Path, capsy
     ("counter", "said"),
     [
         (lambda n: "NaN", "the server's own sglang:generation_tokens_total read nan during the level"),
+        (lambda n: "+Inf", "the server's own sglang:generation_tokens_total read inf during the level"),
         (lambda n: str(10**6 - n), "the server's own sglang:generation_tokens_total went back from"),
         (lambda n: "5", "the server's own sglang:generation_tokens_total did not grow over the steady window"),
     ],

@@ -114,3 +114,45 @@ def test_tiers_file_cannot_be_written_through_a_planted_link(
     assert status == 0
     assert victim.read_text() == "keep"  # the link was replaced, the file it pointed to untouched
     assert json.loads((out / tiers.TIERS_FILE).read_text())["1"]["candidate_steps"]
+
+
+# --- the tier builder's sweeps: one depth and one model per file, and none dropped without a word ---------------------
+
+SPEC7 = FIXTURES / "h200-sglang-0.5.16-run2-spec-7.jsonl"
+
+
+def _rows(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _more_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: list[dict[str, object]]) -> tuple[int, str]:
+    more = tmp_path / "more.jsonl"
+    more.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "pol"
+    source = str(release_dir("0.5.23"))
+    status, err = _crossover(capsys, "--more-spec", str(more), "--sglang-source", source, "--write-policies", str(out))
+    assert not (out / tiers.TIERS_FILE).exists() and "Traceback" not in err
+    return status, err
+
+
+def test_more_spec_mixing_two_depths_in_one_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _rows(SPEC7) + [r for r in _rows(SPEC) if int(str(r["concurrency"])) >= 10]
+    status, err = _more_spec(tmp_path, capsys, rows)  # was read as 7 steps at every level, the 3-step ones too
+    assert status == 2
+    assert "mixes sweeps of different draft depths (3 steps at C=10, 30, 70, 100, 250; 7 steps at C=1, 2, 5)" in err
+
+
+def test_more_spec_of_another_model_is_refused_naming_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{**r, "server": {**r["server"], "model_path": "/other/model"}} for r in _rows(SPEC7)]  # type: ignore[dict-item]
+    status, err = _more_spec(tmp_path, capsys, rows)  # was taken as the same server's 7-step curve
+    assert status == 2
+    assert "measured on /other/model, but the speculative sweep on /tmp/sm120kit-models/serve/target" in err
+
+
+def test_more_spec_with_no_level_free_of_failures_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{**r, "errors": r["requests"]} for r in _rows(SPEC7)]
+    status, err = _more_spec(tmp_path, capsys, rows)  # was dropped: tiers without its depth, no word
+    assert status == 2
+    assert "no level in it finished without failed requests; bench it again" in err

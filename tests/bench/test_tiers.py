@@ -73,6 +73,11 @@ def test_static_launch_names_the_levels_it_cannot_realise() -> None:
         ([tiers.Sweep("b", 0, {1: 1.0}), tiers.Sweep("s", 3, {1: 1.0}), tiers.Sweep("t", 3, {1: 2.0})], "both"),
         ([tiers.Sweep("b", 0, {1: 1.0}), tiers.Sweep("s", -1, {1: 1.0})], "draft steps -1"),
         ([tiers.Sweep("b", 0, {1: float("nan")}), tiers.Sweep("s", 3, {1: 1.0})], "no usable throughput"),
+        ([tiers.Sweep("b", 0, {1: -1.0}), tiers.Sweep("s", 3, {1: 1.0})], "b: levels \\[1\\] have no usable"),
+        ([tiers.Sweep("b", 0, {1: 1.0}), tiers.Sweep("s", 3, {1: float("inf")})], "s: levels \\[1\\] have no usable"),
+        ([tiers.Sweep("b", 0, {0: 1.0}), tiers.Sweep("s", 3, {1: 1.0})], "b: levels \\[0\\] have no usable"),
+        ([tiers.Sweep("b", 0, {}), tiers.Sweep("s", 3, {1: 1.0})], "b: no measured level"),  # was an empty plan
+        ([tiers.Sweep("b", 0, {1: 1.0}), tiers.Sweep("s", 3, {})], "s: no measured level"),
     ],
 )
 def test_sweeps_that_cannot_combine_are_refused(sweeps: list[tiers.Sweep], message: str) -> None:

@@ -232,6 +232,50 @@ def test_a_cache_that_cannot_be_written_is_said_with_the_fix(
     assert "Traceback" not in err
 
 
+def _request(house: Path) -> str:
+    """The request the preflight play's "Resolve the pins with pip on the control node" task passes, for STACK."""
+    stack = yaml.safe_load(STACK)
+    return json.dumps(
+        {
+            "stack": {
+                "profile": "core",
+                "python_packages": stack["sm120kit_profiles"]["core"]["python_packages"],
+                "extra_python_packages": {},
+                "cuda_version": stack["sm120kit_cuda_version"],
+                "cuda_components": stack["sm120kit_cuda_components"],
+                "nccl_version": stack["sm120kit_nccl_version"],
+                "cuda_apt_version": stack["sm120kit_cuda_apt_version"],
+            },
+            "target": {"python": "3.12", "arch": "x86_64", "glibc": "2.39"},
+            "sources": {"index_url": "", "extra_index_urls": [], "wheelhouse": str(house)},
+        }
+    )
+
+
+def test_the_preflight_tasks_resolve_survives_a_damaged_or_unwritable_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PF3, PF4: the play's task (`--json --request`, failed unless rc is 0 or 1 and stdout is the JSON verdict) was
+    `msg: non-zero return code` with the traceback in stderr and no fix named."""
+    house = wheelhouse(tmp_path)
+    argv = ("resolve", "--json", "--timeout", "120", "--request", _request(house))
+    blocker = tmp_path / "sm120kit"
+    blocker.write_text("a file where the cache should be (one sudo run)")
+    monkeypatch.setenv("SM120KIT_CACHE", str(blocker))
+    code, out, err = stack_cli(*argv)
+    assert code == 0 and json.loads(out)["status"] == "ok"
+    assert f"remove it (`rm -rf {blocker}`; after a `sudo` run: `sudo rm -rf {blocker}`)" in err
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SM120KIT_CACHE", str(cache))
+    assert stack_cli(*argv)[0] == 0
+    [verdict] = (cache / "resolve").glob("*.json")
+    for damage in ('{"status": "ok", "digest": "x", "problems": [1, 2]}', "[" * 100_000):
+        verdict.write_text(damage)
+        code, out, err = stack_cli(*argv)
+        assert code == 0 and json.loads(out)["status"] == "ok", err
+        assert f"ignoring the cache entry {verdict}" in err and "Traceback" not in err
+
+
 # --- 7, 19: pip failures that are not about the pins, hostile reports -----------------------------------------------
 
 DISK_FULL = "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device\n"
@@ -318,6 +362,17 @@ def test_write_keeps_the_files_mode(tmp_path: Path, stack: Path, cache: Path, mo
     code, _, err = _write(stack, wheelhouse(tmp_path), "alpha=2.0")
     assert code == 0, err
     assert stat.S_IMODE(stack.stat().st_mode) == mode
+    assert '      alpha: "2.0"  # the first pin\n' in stack.read_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user takes root")
+def test_write_keeps_the_files_owner(tmp_path: Path, stack: Path, cache: Path) -> None:
+    os.chown(stack, 65534, 65534)  # a 0600 stack.yml owned by nobody became root-owned (ST1)
+    stack.chmod(0o600)
+    code, _, err = _write(stack, wheelhouse(tmp_path), "alpha=2.0")
+    assert code == 0, err
+    after = stack.stat()
+    assert (after.st_uid, after.st_gid, stat.S_IMODE(after.st_mode)) == (65534, 65534, 0o600)
     assert '      alpha: "2.0"  # the first pin\n' in stack.read_text()
 
 

@@ -21,7 +21,7 @@ import os
 import statistics
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sm120check import argtypes, findings
@@ -299,26 +299,68 @@ def _switch(args: argparse.Namespace) -> bool:
     return plain_decode.survey(tree.read(path) if tree.exists(path) else None, tree.version).applied
 
 
-def _curve(records: Sequence[LevelSummary], name: str) -> tiers.Sweep:
+def _model_of(record: LevelSummary) -> str:
+    """The model the record's server said it serves ("" when it says none)."""
+    server = record.meta.get("server")
+    model = (server.get("model_path") or server.get("model")) if isinstance(server, Mapping) else None
+    return model if isinstance(model, str) else ""
+
+
+def _depths(records: Sequence[LevelSummary]) -> dict[int, list[int]]:
+    """The draft steps each record's server reported -> the levels measured at it."""
+    out: dict[int, list[int]] = {}
+    for r in records:
+        server = r.meta.get("server")
+        steps = server.get("speculative_num_steps") if isinstance(server, Mapping) else None
+        if isinstance(steps, int) and not isinstance(steps, bool):
+            out.setdefault(steps, []).append(r.concurrency)
+    return out
+
+
+def _measured(records: Sequence[LevelSummary], name: str) -> dict[int, float]:
+    """Throughput per level (the median of a level measured twice) over the levels with no failed request; a
+    TierError when none is left (a sweep that adds nothing is never dropped without a word)."""
+    by_level: dict[int, list[float]] = {}
+    for r in records:
+        if r.requests > 0 and not r.errors:
+            by_level.setdefault(r.concurrency, []).append(r.throughput_tok_s)
+    if not by_level:
+        raise TierError(f"{name}: no level in it finished without failed requests; bench it again")
+    return {c: statistics.median(v) for c, v in by_level.items()}
+
+
+def _curve(records: Sequence[LevelSummary], name: str, model: str) -> tiers.Sweep:
+    depths = _depths(records)
+    if len(depths) > 1:
+        said = "; ".join(f"{k} steps at C={', '.join(map(str, sorted(set(v))))}" for k, v in sorted(depths.items()))
+        raise TierError(f"{name}: mixes sweeps of different draft depths ({said}); give one sweep per file")
     steps = spec_steps(records)
     if steps is None:
         raise TierError(
             f"{name}: its records do not say the server's draft steps (bench records them from SGLang's "
             "/server_info); bench it again against the running server"
         )
-    by_level: dict[int, list[float]] = {}
-    for r in records:
-        if r.requests > 0 and not r.errors:
-            by_level.setdefault(r.concurrency, []).append(r.throughput_tok_s)
-    return tiers.Sweep(name, steps, {c: statistics.median(v) for c, v in by_level.items()})
+    models = {_model_of(r) for r in records} - {""}
+    if len(models) > 1:
+        raise TierError(f"{name}: mixes sweeps of different models ({', '.join(sorted(models))}); give one per file")
+    if model and models and models != {model}:
+        raise TierError(
+            f"{name}: measured on {models.pop()}, but the speculative sweep on {model}: tiers combine sweeps of "
+            "one model at different draft depths"
+        )
+    return tiers.Sweep(name, steps, _measured(records, name))
 
 
 def _tiers(
     args: argparse.Namespace, base: Sequence[LevelSummary], spec: Sequence[LevelSummary]
 ) -> tuple[TierPlan, tiers.StaticLaunch | None]:
-    plain = {r.concurrency: r.throughput_tok_s for r in base if r.requests > 0 and not r.errors}
-    sweeps = [tiers.Sweep(str(args.base), tiers.PLAIN, plain), _curve(spec, str(args.spec))]
-    sweeps += [_curve(read_jsonl(path), str(path)) for path in args.more_spec]
+    models = {_model_of(r) for r in spec} - {""}
+    model = models.pop() if len(models) == 1 else ""
+    sweeps = [
+        tiers.Sweep(str(args.base), tiers.PLAIN, _measured(base, str(args.base))),
+        _curve(spec, str(args.spec), model),
+    ]
+    sweeps += [_curve(read_jsonl(path), str(path), model) for path in args.more_spec]
     plan = tiers.plan(sweeps, switch=_switch(args))
     try:
         launch: tiers.StaticLaunch | None = tiers.static_launch(plan)

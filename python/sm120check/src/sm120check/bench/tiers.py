@@ -74,6 +74,8 @@ def check(sweeps: Sequence[Sweep]) -> None:
         if s.steps in seen:
             raise TierError(f"{s.name} and {seen[s.steps]} both measure {s.steps} steps: give one sweep per depth")
         seen[s.steps] = s.name
+        if not s.tok_s:
+            raise TierError(f"{s.name}: no measured level; bench it again")
         bad = [c for c, v in s.tok_s.items() if c < 1 or not v >= 0 or v == float("inf")]
         if bad:
             raise TierError(f"{s.name}: levels {bad} have no usable throughput; bench them again")
