@@ -4,6 +4,7 @@ engine notes behind --verbose, swapped files refused, and the plot beside the po
 
 from __future__ import annotations
 
+import importlib.util
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -104,6 +105,26 @@ def test_no_png_keeps_the_plot_out(tmp_path: Path) -> None:
     pol = tmp_path / "pol"
     assert run_subcommand("crossover", str(BASE2), str(SPEC2), "--write-policies", str(pol), "--no-png") == 0
     assert not (pol / "crossover.png").exists()
+
+
+def test_without_matplotlib_the_default_plot_is_said_missing_not_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A node provisioned by `make provision` has the checker but no matplotlib: the policies are the result (exit 0),
+    # the verdict lists only the files written, and stderr says why the plot is not beside them.
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a)
+    )
+    pol = tmp_path / "pol"
+    assert run_subcommand("crossover", str(BASE2), str(SPEC2), "--write-policies", str(pol)) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[2] == "Files: " + ", ".join(str(pol / name) for name in POLICY_FILES)
+    assert sorted(p.name for p in pol.iterdir()) == sorted(POLICY_FILES)
+    assert captured.err.splitlines()[-1] == (
+        f"no plot: matplotlib is not installed (`pip install matplotlib` puts {pol / 'crossover.png'} beside the "
+        "policies; --no-png says you want none)"
+    )
 
 
 def test_the_plot_has_a_speedup_panel_ticks_at_the_levels_short_labels_and_the_cap() -> None:

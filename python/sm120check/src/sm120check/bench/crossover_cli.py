@@ -4,10 +4,10 @@ Each file holds one or more runs of `sm120check bench` (append repeated sweeps t
 uncertainty). Exit 0 with a result (a crossover, or the statement that there is none in range), 2 for bad input.
 The verdict comes first (the crossover, what to launch, the files written), then the table; --verbose adds the
 cost model and each engine's settings and notes. Then --write-policies (with the plot beside the policy files,
-crossover.png, unless --no-png) and --png. Files whose records say they came from the other server (the speculative
-sweep given first, or the plain one second) are refused. Exit 2 when --write-policies was asked for but cannot be
-made (the draft length is unknown: pass --steps) or written, or when --png cannot be drawn (no matplotlib) - after
-everything else has been done.
+crossover.png, unless --no-png; without matplotlib it is left out and stderr says so) and --png. Files whose records
+say they came from the other server (the speculative sweep given first, or the plain one second) are refused. Exit 2
+when --write-policies was asked for but cannot be made (the draft length is unknown: pass --steps) or written, or
+when --png cannot be drawn (no matplotlib) - after everything else has been done.
 """
 
 from __future__ import annotations
@@ -254,8 +254,12 @@ def handle(args: argparse.Namespace) -> int:
             return Exit.USAGE
     facts = sweep_facts(base, spec)
     png: Path | None = args.png
+    no_matplotlib = False  # the default plot left out: said on stderr at the end, not an error
     if png is None and args.write_policies and not getattr(args, "no_png", False) and policies is not None:
-        png = args.write_policies / PNG_FILE if importlib.util.find_spec("matplotlib") else None
+        if importlib.util.find_spec("matplotlib"):
+            png = args.write_policies / PNG_FILE
+        else:
+            no_matplotlib = True
     files = [str(args.write_policies / name) for name in policy_file_names(policies)] if args.write_policies else []
     files += [str(png)] if png is not None else []
     status = Exit.OK
@@ -278,6 +282,12 @@ def handle(args: argparse.Namespace) -> int:
             status = max(status, _write_tiers(args.write_policies, plan, launch))
     if png is not None:
         status = max(status, _write_png(analysis, png, facts))
+    if no_matplotlib:
+        print(
+            f"no plot: matplotlib is not installed (`pip install matplotlib` puts {args.write_policies / PNG_FILE} "
+            "beside the policies; --no-png says you want none)",
+            file=sys.stderr,
+        )
     return status
 
 
