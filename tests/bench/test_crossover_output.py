@@ -5,6 +5,7 @@ engine notes behind --verbose, swapped files refused, and the plot beside the po
 from __future__ import annotations
 
 import importlib.util
+import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -92,13 +93,19 @@ def test_a_file_from_the_other_server_is_refused(
     assert said in capsys.readouterr().err
 
 
-def test_policy_files_and_the_plot_are_readable_by_other_users(tmp_path: Path) -> None:
-    pol = tmp_path / "pol"
-    assert run_subcommand("crossover", str(BASE2), str(SPEC2), "--write-policies", str(pol)) == 0
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask-022", "umask-077"])
+def test_policy_files_and_the_plot_are_readable_by_other_users(tmp_path: Path, umask: int) -> None:
+    # a server or router running as another user must enter DIR (and any parent crossover made) and read each file
+    pol = tmp_path / "new" / "pol"
+    old = os.umask(umask)
+    try:
+        assert run_subcommand("crossover", str(BASE2), str(SPEC2), "--write-policies", str(pol)) == 0
+    finally:
+        os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in pol.iterdir()}
     assert set(modes) == {*POLICY_FILES, "crossover.png"}
-    assert all(modes[name] == 0o644 for name in POLICY_FILES), modes
-    assert modes["crossover.png"] & 0o044 == 0o044
+    assert all(mode == 0o644 for mode in modes.values()), modes
+    assert stat.S_IMODE(pol.stat().st_mode) == 0o755 and stat.S_IMODE(pol.parent.stat().st_mode) == 0o755
 
 
 def test_no_png_keeps_the_plot_out(tmp_path: Path) -> None:

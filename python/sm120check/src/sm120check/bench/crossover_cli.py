@@ -342,7 +342,7 @@ def _write_tiers(directory: Path, plan: TierPlan, launch: tiers.StaticLaunch | N
     if launch is not None:
         files[tiers.STATIC_FILE] = tiers.static_json(launch)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        make_policy_dir(directory)
         _write_texts(directory, {name: json.dumps(data, indent=2) + "\n" for name, data in files.items()})
     except OSError as exc:
         print(f"sm120check crossover: --write-policies {directory}: {exc}", file=sys.stderr)
@@ -370,6 +370,7 @@ def _write_policies(directory: Path, policies: Policies | None, reason: str, cro
 def _write_png(analysis: Analysis | ModeAnalysis, png: Path, facts: SweepFacts) -> Exit:
     try:
         write_png(analysis, png, facts)
+        png.chmod(POLICY_MODE)  # beside the policies, for whoever reads them; a plot holds no secret
     except PlotUnavailable as exc:
         print(
             f"sm120check crossover: {terminal_text(exc)}; everything else was done, only the plot is missing",
@@ -391,6 +392,16 @@ def policy_file_names(policies: Policies | None) -> list[str]:
 
 
 POLICY_MODE = 0o644  # read by servers and routers running as other users; the files hold no secret
+POLICY_DIR_MODE = 0o755  # and a directory they can enter, whatever the umask (027 and 077 on hardened hosts)
+
+
+def make_policy_dir(directory: Path) -> None:
+    """Create DIR and any missing parents as 0755 (mkdir's mode is cut by the umask); an existing one is left as
+    it is. Raises OSError."""
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
+    directory.mkdir(parents=True, exist_ok=True)
+    for created in missing:
+        created.chmod(POLICY_DIR_MODE)
 
 
 def write_policy_files(directory: Path, policies: Policies) -> list[str]:
@@ -398,7 +409,7 @@ def write_policy_files(directory: Path, policies: Policies) -> list[str]:
     rename): a reader sees the old file or the new one, never half of one. The vLLM and TensorRT-LLM files are named
     `*.fragment.*` when they lack the draft model; the other variant, left from an earlier run (replaced with
     --force), is removed. Returns the names written. Raises OSError."""
-    directory.mkdir(parents=True, exist_ok=True)
+    make_policy_dir(directory)
     texts = {
         SGLANG_FILE: json.dumps(policies.sglang.config, indent=2) + "\n",
         ZERO_STEP_FILE: json.dumps(sglang_zero_step_config(policies.steps), indent=2) + "\n",
