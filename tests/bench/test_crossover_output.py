@@ -8,6 +8,7 @@ import importlib.util
 import os
 import stat
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,10 @@ def test_an_open_loop_pair_gets_its_plot_with_ticks_at_the_rates(
     assert any(list(line.get_ydata(orig=True)) == [1.0, 1.0] for line in bottom.get_lines())  # type: ignore[arg-type]
     legend = top.get_legend()
     assert legend is not None and [t.get_text() for t in legend.get_texts()] == ["plain", "EAGLE-3"]
+
+
+def test_the_plot_title_names_the_gpu_the_bench_saw() -> None:
+    base, spec = read_jsonl(BASE2), read_jsonl(SPEC2)
+    spec = [replace(r, meta={**r.meta, "client": {**r.meta["client"], "gpus": ["NVIDIA H200"] * 8}}) for r in spec]
+    # the server reported tp_size 1: one of the host's eight GPUs served
+    assert sweep_facts(base, spec).title() == "target, SGLang 0.5.16, 1x NVIDIA H200, 2026-12-02"
