@@ -89,7 +89,8 @@ def test_records_name_the_gpus_of_a_server_on_this_host(
     argv = ["--url", plain_sim.url, "--concurrency", "1", "--requests-per-level", "4", *FAST, "--out", str(out)]
     assert run_subcommand("bench", *argv) == 0
     (record,) = read_jsonl(out)
-    assert record.meta["client"]["gpus"] == ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 2
+    client = record.meta["client"]
+    assert isinstance(client, dict) and client["gpus"] == ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 2
 
 
 def test_a_remote_server_gets_no_gpu_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -189,6 +189,6 @@ def test_an_open_loop_pair_gets_its_plot_with_ticks_at_the_rates(
 
 def test_the_plot_title_names_the_gpu_the_bench_saw() -> None:
     base, spec = read_jsonl(BASE2), read_jsonl(SPEC2)
-    spec = [replace(r, meta={**r.meta, "client": {**r.meta["client"], "gpus": ["NVIDIA H200"] * 8}}) for r in spec]
+    spec = [replace(r, meta={**r.meta, "client": {"host": "vm", "gpus": ["NVIDIA H200"] * 8}}) for r in spec]
     # the server reported tp_size 1: one of the host's eight GPUs served
     assert sweep_facts(base, spec).title() == "target, SGLang 0.5.16, 1x NVIDIA H200, 2026-12-02"
