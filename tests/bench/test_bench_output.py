@@ -3,12 +3,15 @@ latency columns, open-loop rows by the rate asked for, and the progress lines.""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 
 from bench.conftest import SIM_ARGS, Sim, run_subcommand
+from sm120check.bench.cli import local_gpus
+from sm120check.bench.http import Endpoint
 from sm120check.bench.records import read_jsonl
 
 FAST = ["--output-len", "8", "--input-len", "8", "--pause", "0"]
@@ -67,3 +70,32 @@ def test_a_dead_server_is_exit_2_and_leaves_no_file(capsys: pytest.CaptureFixtur
     assert run_subcommand("bench", "--url", "http://127.0.0.1:9", "--concurrency", "1") == 2
     assert "is the server up? check http://127.0.0.1:9/health" in capsys.readouterr().err
     assert not list(Path.cwd().glob("bench-*.jsonl"))
+
+
+def _fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\nprintf 'NVIDIA RTX PRO 6000 Blackwell Server Edition\\n%.0s' 1 2\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+
+
+def test_records_name_the_gpus_of_a_server_on_this_host(
+    plain_sim: Sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # what crossover's plot title names (model, engine, GPU, date): the bench is the only one that can see the GPU
+    _fake_nvidia_smi(tmp_path, monkeypatch)
+    out = tmp_path / "sweep.jsonl"
+    argv = ["--url", plain_sim.url, "--concurrency", "1", "--requests-per-level", "4", *FAST, "--out", str(out)]
+    assert run_subcommand("bench", *argv) == 0
+    (record,) = read_jsonl(out)
+    client = record.meta["client"]
+    assert isinstance(client, dict) and client["gpus"] == ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 2
+
+
+def test_a_remote_server_gets_no_gpu_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_nvidia_smi(tmp_path, monkeypatch)
+    assert local_gpus(Endpoint.parse("http://10.0.0.7:30000")) == {}
+    assert local_gpus(Endpoint.parse("http://localhost:30000")) == {
+        "gpus": ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 2
+    }

@@ -4,8 +4,11 @@ engine notes behind --verbose, swapped files refused, and the plot beside the po
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import stat
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -91,19 +94,45 @@ def test_a_file_from_the_other_server_is_refused(
     assert said in capsys.readouterr().err
 
 
-def test_policy_files_and_the_plot_are_readable_by_other_users(tmp_path: Path) -> None:
-    pol = tmp_path / "pol"
-    assert run_subcommand("crossover", str(BASE2), str(SPEC2), "--write-policies", str(pol)) == 0
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask-022", "umask-077"])
+def test_policy_files_and_the_plot_are_readable_by_other_users(tmp_path: Path, umask: int) -> None:
+    # a server or router running as another user must enter DIR (and any parent crossover made) and read each file
+    pol = tmp_path / "new" / "pol"
+    old = os.umask(umask)
+    try:
+        assert run_subcommand("crossover", str(BASE2), str(SPEC2), "--write-policies", str(pol)) == 0
+    finally:
+        os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in pol.iterdir()}
     assert set(modes) == {*POLICY_FILES, "crossover.png"}
-    assert all(modes[name] == 0o644 for name in POLICY_FILES), modes
-    assert modes["crossover.png"] & 0o044 == 0o044
+    assert all(mode == 0o644 for mode in modes.values()), modes
+    assert stat.S_IMODE(pol.stat().st_mode) == 0o755 and stat.S_IMODE(pol.parent.stat().st_mode) == 0o755
 
 
 def test_no_png_keeps_the_plot_out(tmp_path: Path) -> None:
     pol = tmp_path / "pol"
     assert run_subcommand("crossover", str(BASE2), str(SPEC2), "--write-policies", str(pol), "--no-png") == 0
     assert not (pol / "crossover.png").exists()
+
+
+def test_without_matplotlib_the_default_plot_is_said_missing_not_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A node provisioned by `make provision` has the checker but no matplotlib: the policies are the result (exit 0),
+    # the verdict lists only the files written, and stderr says why the plot is not beside them.
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a)
+    )
+    pol = tmp_path / "pol"
+    assert run_subcommand("crossover", str(BASE2), str(SPEC2), "--write-policies", str(pol)) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[2] == "Files: " + ", ".join(str(pol / name) for name in POLICY_FILES)
+    assert sorted(p.name for p in pol.iterdir()) == sorted(POLICY_FILES)
+    assert captured.err.splitlines()[-1] == (
+        f"no plot: matplotlib is not installed (`pip install matplotlib` puts {pol / 'crossover.png'} beside the "
+        "policies; --no-png says you want none)"
+    )
 
 
 def test_the_plot_has_a_speedup_panel_ticks_at_the_levels_short_labels_and_the_cap() -> None:
@@ -156,3 +185,10 @@ def test_an_open_loop_pair_gets_its_plot_with_ticks_at_the_rates(
     assert any(list(line.get_ydata(orig=True)) == [1.0, 1.0] for line in bottom.get_lines())  # type: ignore[arg-type]
     legend = top.get_legend()
     assert legend is not None and [t.get_text() for t in legend.get_texts()] == ["plain", "EAGLE-3"]
+
+
+def test_the_plot_title_names_the_gpu_the_bench_saw() -> None:
+    base, spec = read_jsonl(BASE2), read_jsonl(SPEC2)
+    spec = [replace(r, meta={**r.meta, "client": {"host": "vm", "gpus": ["NVIDIA H200"] * 8}}) for r in spec]
+    # the server reported tp_size 1: one of the host's eight GPUs served
+    assert sweep_facts(base, spec).title() == "target, SGLang 0.5.16, 1x NVIDIA H200, 2026-12-02"

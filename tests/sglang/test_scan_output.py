@@ -43,8 +43,15 @@ def test_model_narrows_the_eagle3_section() -> None:
     _, lines = _scan("--model", "dotsocr")
     eagle3 = [line for line in lines if "EAGLE-3" in line and line.startswith("  ")]
     assert len(eagle3) == 1 and eagle3[0].startswith("  FAIL  DotsOCRForCausalLM holds self.model (Qwen2ForCausalLM)")
+    _, lines = _scan("--model", "gptoss")
+    assert "  PASS  EAGLE-3: no gap in GptOssForCausalLM (the classes matching 'gptoss')" in lines
+
+
+def test_a_model_name_that_matches_no_class_is_said_not_passed() -> None:
+    # a typo must not read as "this model is fine"
     _, lines = _scan("--model", "NoSuchModel")
-    assert (
-        "  PASS  EAGLE-3: no gap in a model class matching 'NoSuchModel' (it has the methods, or no such class)"
-        in lines
-    )
+    eagle3 = [line for line in lines if "EAGLE-3" in line and line.startswith("  ")]
+    assert eagle3 == [
+        "  WARN  EAGLE-3: no registered model class matches 'NoSuchModel' (a part of the class name, such as "
+        "LlamaForCausalLM; --json lists them all)"
+    ]

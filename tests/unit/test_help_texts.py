@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 
 import pytest
@@ -9,17 +10,18 @@ import pytest
 from sm120check import cli
 from sm120check.exitcodes import Exit
 
-COMMANDS = [
-    ["doctor"],
-    ["sglang", "scan"],
-    ["sglang", "patch"],
-    ["sglang", "verify-launch"],
-    ["bench"],
-    ["crossover"],
-    ["stack"],
-    ["stack", "plan"],
-    ["fleet"],
-]
+
+def _commands(parser: argparse.ArgumentParser, prefix: list[str]) -> list[list[str]]:
+    """Every command and subcommand the parser registers, as the words a user types."""
+    found = [prefix] if prefix else []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _commands(sub, [*prefix, name])
+    return found
+
+
+COMMANDS = _commands(cli.build_parser(), [])
 
 
 def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -49,6 +51,18 @@ def test_help_shows_no_empty_default_and_no_module_name(argv: list[str], capsys:
     for empty in ("(default: None)", "(default: False)", "(default: )"):
         assert empty not in joined
     assert not re.search(r"\b\w+\.py\b", text), re.findall(r"\b\w+\.py\b", text)
+    # a module only as a command to type (`python -m sm120check.jitcache`, what the stack venv runs), never as a name
+    assert not re.search(r"(?<!-m )\bsm120check\.\w", joined), re.findall(r"\S*\bsm120check\.\w+", joined)
+
+
+def test_every_command_says_what_1_means(capsys: pytest.CaptureFixture[str]) -> None:
+    vague = [" ".join(argv) for argv in COMMANDS if "  1    the command found something\n" in _help(argv, capsys)]
+    assert vague == []
+
+
+def test_the_walk_finds_every_command() -> None:
+    names = {" ".join(argv) for argv in COMMANDS}
+    assert {"doctor", "bench", "crossover", "mock-server", "soak", "jit unpack", "sglang port-owner"} <= names
 
 
 def test_bench_help_keeps_the_defaults_that_say_something(capsys: pytest.CaptureFixture[str]) -> None:

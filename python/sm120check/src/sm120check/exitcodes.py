@@ -29,6 +29,8 @@ FOUND_MEANS = {
     "sglang scan": "a gap the patch closes was found",
     "sglang patch": "with --check: a patch (or revert) is needed",
     "sglang verify-launch": "the launch is degraded (with --strict: or a verdict is unknown)",
+    "sglang port-owner": "the port is held by another process, or not answered by the server's unit",
+    "sglang": "what the subcommand found (a gap, a patch needed, a degraded launch: see its --help)",
     "bench": "a request failed, a level had no numbers, or the server stalled after a level",
     "crossover": "not used (no crossover in range is a result: 0)",
     "mock-server": "not used (it serves until --max-seconds or SIGTERM: 0)",

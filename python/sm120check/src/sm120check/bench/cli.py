@@ -7,7 +7,9 @@ import asyncio
 import datetime
 import math
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -806,6 +808,25 @@ class _Discovered:
     meta: dict[str, Any]  # what every record's meta starts with
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def local_gpus(endpoint: Endpoint) -> dict[str, list[str]]:
+    """{"gpus": names} of this host's GPUs when the server is on this host (a loopback URL), from nvidia-smi within
+    a few seconds (what crossover's plot title names); {} for a remote server, no nvidia-smi or no answer."""
+    smi = shutil.which("nvidia-smi")
+    if endpoint.host not in LOOPBACK or smi is None:
+        return {}
+    try:
+        done = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    names = [line.strip()[:80] for line in done.stdout.splitlines() if line.strip()][:64]
+    return {"gpus": names} if done.returncode == 0 and names else {}
+
+
 async def _discover(config: SweepConfig) -> _Discovered:
     """Ask the server what it is (ApiMismatch when it does not speak --api) and settle the model and prompt options."""
     api, endpoint, info_timeout = config.api, config.endpoint, config.info_timeout
@@ -826,7 +847,7 @@ async def _discover(config: SweepConfig) -> _Discovered:
         "url": str(endpoint),
         "model": model or facts.model,
         "args": {k: (str(v) if isinstance(v, (Path, Slo)) else v) for k, v in config.recorded_args.items()},
-        "client": {"host": socket.gethostname(), "sm120check": __version__},
+        "client": {"host": socket.gethostname(), "sm120check": __version__, **local_gpus(endpoint)},
         "prompts": {"unique": not reuse, "cache_prompt": cache_prompt, "source": config.prompt_source},
         "pause_s": config.pause,
     }

@@ -4,10 +4,10 @@ Each file holds one or more runs of `sm120check bench` (append repeated sweeps t
 uncertainty). Exit 0 with a result (a crossover, or the statement that there is none in range), 2 for bad input.
 The verdict comes first (the crossover, what to launch, the files written), then the table; --verbose adds the
 cost model and each engine's settings and notes. Then --write-policies (with the plot beside the policy files,
-crossover.png, unless --no-png) and --png. Files whose records say they came from the other server (the speculative
-sweep given first, or the plain one second) are refused. Exit 2 when --write-policies was asked for but cannot be
-made (the draft length is unknown: pass --steps) or written, or when --png cannot be drawn (no matplotlib) - after
-everything else has been done.
+crossover.png, unless --no-png; without matplotlib it is left out and stderr says so) and --png. Files whose records
+say they came from the other server (the speculative sweep given first, or the plain one second) are refused. Exit 2
+when --write-policies was asked for but cannot be made (the draft length is unknown: pass --steps) or written, or
+when --png cannot be drawn (no matplotlib) - after everything else has been done.
 """
 
 from __future__ import annotations
@@ -254,8 +254,12 @@ def handle(args: argparse.Namespace) -> int:
             return Exit.USAGE
     facts = sweep_facts(base, spec)
     png: Path | None = args.png
+    no_matplotlib = False  # the default plot left out: said on stderr at the end, not an error
     if png is None and args.write_policies and not getattr(args, "no_png", False) and policies is not None:
-        png = args.write_policies / PNG_FILE if importlib.util.find_spec("matplotlib") else None
+        if importlib.util.find_spec("matplotlib"):
+            png = args.write_policies / PNG_FILE
+        else:
+            no_matplotlib = True
     files = [str(args.write_policies / name) for name in policy_file_names(policies)] if args.write_policies else []
     files += [str(png)] if png is not None else []
     status = Exit.OK
@@ -278,6 +282,12 @@ def handle(args: argparse.Namespace) -> int:
             status = max(status, _write_tiers(args.write_policies, plan, launch))
     if png is not None:
         status = max(status, _write_png(analysis, png, facts))
+    if no_matplotlib:
+        print(
+            f"no plot: matplotlib is not installed (`pip install matplotlib` puts {args.write_policies / PNG_FILE} "
+            "beside the policies; --no-png says you want none)",
+            file=sys.stderr,
+        )
     return status
 
 
@@ -374,7 +384,7 @@ def _write_tiers(directory: Path, plan: TierPlan, launch: tiers.StaticLaunch | N
     if launch is not None:
         files[tiers.STATIC_FILE] = tiers.static_json(launch)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        make_policy_dir(directory)
         _write_texts(directory, {name: json.dumps(data, indent=2) + "\n" for name, data in files.items()})
     except OSError as exc:
         print(f"sm120check crossover: --write-policies {directory}: {exc}", file=sys.stderr)
@@ -402,6 +412,7 @@ def _write_policies(directory: Path, policies: Policies | None, reason: str, cro
 def _write_png(analysis: Analysis | ModeAnalysis, png: Path, facts: SweepFacts) -> Exit:
     try:
         write_png(analysis, png, facts)
+        png.chmod(POLICY_MODE)  # beside the policies, for whoever reads them; a plot holds no secret
     except PlotUnavailable as exc:
         print(
             f"sm120check crossover: {terminal_text(exc)}; everything else was done, only the plot is missing",
@@ -423,6 +434,16 @@ def policy_file_names(policies: Policies | None) -> list[str]:
 
 
 POLICY_MODE = 0o644  # read by servers and routers running as other users; the files hold no secret
+POLICY_DIR_MODE = 0o755  # and a directory they can enter, whatever the umask (027 and 077 on hardened hosts)
+
+
+def make_policy_dir(directory: Path) -> None:
+    """Create DIR and any missing parents as 0755 (mkdir's mode is cut by the umask); an existing one is left as
+    it is. Raises OSError."""
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
+    directory.mkdir(parents=True, exist_ok=True)
+    for created in missing:
+        created.chmod(POLICY_DIR_MODE)
 
 
 def write_policy_files(directory: Path, policies: Policies) -> list[str]:
@@ -430,7 +451,7 @@ def write_policy_files(directory: Path, policies: Policies) -> list[str]:
     rename): a reader sees the old file or the new one, never half of one. The vLLM and TensorRT-LLM files are named
     `*.fragment.*` when they lack the draft model; the other variant, left from an earlier run (replaced with
     --force), is removed. Returns the names written. Raises OSError."""
-    directory.mkdir(parents=True, exist_ok=True)
+    make_policy_dir(directory)
     texts = {
         SGLANG_FILE: json.dumps(policies.sglang.config, indent=2) + "\n",
         ZERO_STEP_FILE: json.dumps(sglang_zero_step_config(policies.steps), indent=2) + "\n",

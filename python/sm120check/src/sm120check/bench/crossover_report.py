@@ -155,6 +155,17 @@ class SweepFacts:
         return ", ".join(part for part in (self.model, engine, self.gpu, self.date) if part)
 
 
+def _gpus(record: LevelSummary, tp_size: object) -> str:
+    """The GPU the bench saw on the server's host, times the server's tensor-parallel size when it reported one
+    ("2x NVIDIA RTX PRO 6000 Blackwell ..."; "" when the bench did not look or the host mixes kinds)."""
+    client = record.meta.get("client")
+    names = client.get("gpus") if isinstance(client, dict) else None
+    if not isinstance(names, list) or not names or len(set(map(str, names))) != 1:
+        return ""
+    tp = tp_size if isinstance(tp_size, int) and not isinstance(tp_size, bool) and tp_size > 0 else None
+    return f"{tp}x {names[0]}" if tp else str(names[0])
+
+
 def _server(record: LevelSummary) -> dict[str, object]:
     server = record.meta.get("server")
     return dict(server) if isinstance(server, dict) else {}
@@ -165,7 +176,7 @@ def sweep_facts(base: Sequence[LevelSummary], spec: Sequence[LevelSummary]) -> S
     model = str(first.get("model_path") or (spec[0].meta.get("model") if spec else "") or "")
     engine = {"sglang": "SGLang", "vllm": "vLLM", "llama.cpp": "llama.cpp"}.get(str(first.get("engine", "")), "")
     started = str(spec[0].meta.get("started_at", "")) if spec else ""
-    gpu = first.get("gpu_name") or first.get("gpu") or ""
+    gpu = first.get("gpu_name") or first.get("gpu") or (_gpus(spec[0], first.get("tp_size")) if spec else "")
     caps = [cap for r in spec if (cap := running_cap(r)) is not None]
     steps = first.get("speculative_num_steps")
     return SweepFacts(

@@ -1,10 +1,9 @@
-"""`python -m sm120check.jitcache` (or `sm120check jit`): key, status, build, pack, verify, unpack.
+"""`sm120check jit` (or `python -m sm120check.jitcache`): key, status, build, pack, verify, unpack.
 
 Run it with the stack venv's interpreter: the key, the cache path and the build are that interpreter's. Every
 subcommand prints one JSON object with --json (what the flashinfer_jit role reads) and a short text otherwise.
-Exit codes: 0 done, 1 a bundle or build problem (a refused bundle included), 2 bad usage, a key that cannot be
-computed, or a cache this node cannot write (read-only, full disk: the message names the path), 143 SIGTERM (the
-staging directory is removed first, nothing is changed).
+Exit 2 also covers a key that cannot be computed and a cache this node cannot write (read-only, full disk: the
+message names the path); on SIGTERM (143) the staging directory is removed first and nothing is changed.
 """
 
 from __future__ import annotations

@@ -278,9 +278,14 @@ def render(report: ScanReport, model: str = "", every_model: bool = False) -> st
     elif model:
         chosen = [f for f in eagle3 if model.lower() in _model_of(f).lower()]
         lines += [f"  {_status(f):<4}  {f.summary}" for f in chosen]
-        if not chosen:
+        known = [m.name for m in report.eagle.models if model.lower() in m.name.lower()]
+        if not chosen and known:
+            shown = ", ".join(known[:5]) + (f" and {len(known) - 5} more" if len(known) > 5 else "")
+            lines.append(f"  PASS  EAGLE-3: no gap in {shown} (the classes matching {model!r})")
+        elif not chosen:
             lines.append(
-                f"  PASS  EAGLE-3: no gap in a model class matching {model!r} (it has the methods, or no such class)"
+                f"  WARN  EAGLE-3: no registered model class matches {model!r} (a part of the class name, such as "
+                "LlamaForCausalLM; --json lists them all)"
             )
     elif eagle3:
         for word, what in (
