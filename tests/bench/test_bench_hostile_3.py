@@ -183,3 +183,27 @@ def test_a_status_line_past_the_readers_limit_is_each_requests_failure(
     assert code == 1 and "Traceback" not in capsys.readouterr().err
     [record] = _records(out)
     assert record["error_samples"] == ["POST /generate: the response's status line is longer than 1 MiB"]
+
+
+def test_a_worker_backs_off_after_failures_never_past_the_window() -> None:
+    from sm120check.bench.closedloop import BACKOFF_FIRST_S, BACKOFF_MAX_S, back_off
+
+    pauses = [back_off(n, None, 0.0) for n in range(1, 10)]
+    assert pauses[0] == BACKOFF_FIRST_S and pauses == sorted(pauses) and max(pauses) == BACKOFF_MAX_S
+    assert back_off(10**6, None, 0.0) == BACKOFF_MAX_S  # no overflow after a long outage
+    assert back_off(5, deadline=10.0, now=9.9) == pytest.approx(0.1)  # the window's end bounds it
+    assert back_off(5, deadline=10.0, now=11.0) == 0.0
+
+
+@pytest.mark.timeout(60)
+def test_a_server_failing_every_request_is_not_hammered(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A dead or failing server answers at once; the closed loop once sent thousands of requests a second at it
+    (15 000 in 2 s) until the window closed. Each worker now pauses after a failure, doubling to a second."""
+    out = tmp_path / "o.jsonl"
+    with hostile_server(Hostile(generate="fail")) as server:
+        code = _bench(server.url, out, "--concurrency", "2", "--duration", "2")
+    capsys.readouterr()
+    assert code == 1
+    [record] = _records(out)
+    assert "no_numbers" in record["flags"] and record["errors"] >= 2
+    assert record["errors"] < 100, record["errors"]  # 2 workers over 2 s: about 12 with the pauses

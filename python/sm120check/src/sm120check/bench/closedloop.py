@@ -184,6 +184,18 @@ async def one_request(
     )
 
 
+BACKOFF_FIRST_S = 0.05  # a worker's pause after a failed request, doubled per failure in a row
+BACKOFF_MAX_S = 1.0
+
+
+def back_off(failures: int, deadline: float | None, now: float) -> float:
+    """Seconds a worker waits after `failures` failed requests in a row, never past the window's end: a server that
+    died refuses a connection at once, and without a pause every worker would record thousands of failures a
+    second until the window closed."""
+    pause = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** min(failures - 1, 32))
+    return pause if deadline is None else max(0.0, min(pause, deadline - now))
+
+
 async def run_level(
     endpoint: Endpoint,
     api: Api,
@@ -212,6 +224,7 @@ async def run_level(
                 state.t0 = time.perf_counter()
                 if plan.duration is not None:
                     state.deadline = state.t0 + plan.duration
+            failures = 0  # this worker's failed requests in a row
             while True:
                 if state.remaining is not None:
                     if state.remaining <= 0:
@@ -223,6 +236,9 @@ async def run_level(
                     conn, api, make_spec(next(counter)), False, plan.request_timeout, state.records.append
                 )
                 state.records.append(record)
+                failures = failures + 1 if record.error else 0
+                if failures:
+                    await asyncio.sleep(back_off(failures, state.deadline, time.perf_counter()))
             if state.t1 is None:
                 state.t1 = state.deadline if state.deadline is not None else time.perf_counter()
         finally:
