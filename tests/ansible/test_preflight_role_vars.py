@@ -61,3 +61,20 @@ def test_the_shipped_inventories_pass_with_the_role_defaults(tmp_path: Path) -> 
         for method in ("wheels", "apt"):
             out = _preflight(tmp_path, {"cuda_toolkit_method": method}, inventory)
             assert out.startswith("rc=0"), f"{inventory} {method}\n" + out[-3000:]
+
+
+def test_the_play_shows_the_resolvers_warning_about_a_cache_it_cannot_use(tmp_path: Path) -> None:
+    """Probe 3 PF4: with the resolution cache unusable (a file where its directory should be, as one `sudo` run leaves
+    a root-owned one), the play resolved and passed, but the warning naming the fix went to stderr, which the task
+    never showed: the user was not told that nothing is cached."""
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file where the cache directory should be")
+    result = subprocess.run(
+        [ANSIBLE, "-i", "inventory/localhost.yml", "site.yml", "--check", "--tags", "preflight"],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=600,
+        env={**os.environ, "ANSIBLE_NOCOLOR": "1", "SM120KIT_CACHE": str(blocker)},
+    )  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:]
+    assert "TASK [preflight : Say what the resolver warned about]" in out, out[-3000:]
+    assert f"the resolution cache {blocker} cannot be written" in " ".join(out.split()), out[-3000:]
