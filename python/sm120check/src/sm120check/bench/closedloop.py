@@ -192,7 +192,7 @@ def back_off(failures: int, deadline: float | None, now: float) -> float:
     """Seconds a worker waits after `failures` failed requests in a row, never past the window's end: a server that
     died refuses a connection at once, and without a pause every worker would record thousands of failures a
     second until the window closed."""
-    pause = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** min(failures - 1, 32))
+    pause: float = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** min(failures - 1, 32))
     return pause if deadline is None else max(0.0, min(pause, deadline - now))
 
 
