@@ -268,3 +268,9 @@ def test_the_rank_side_answers_when_sglang_raises_instead_of_failing_the_whole_p
     assert out["disabled"] is True and out["error"] == "RuntimeError: pcie_ipc_comm JIT build failed"
     assert _Raising.destroyed == 1  # released, though prepare raised
     assert PcieIpcRun.from_json(Fields("sglang_comm", out)).error == out["error"]
+
+
+def test_what_sglang_raised_outranks_the_world_size_guess() -> None:
+    raised = {"present": True, "disabled": True, "rows": 256, "error": "RuntimeError: nvcc failed", "log": []}
+    result = judged(raised, raised, raised)
+    assert "OFF (SGLang: building it raised RuntimeError: nvcc failed)" in result.summary, result.summary

@@ -192,8 +192,9 @@ def judge_pcie_ipc(runs: Sequence[PcieIpcRun], world_size: int) -> PcieIpcVerdic
     if any(r.disabled for r in runs):
         raised = next((r.error for r in runs if r.error), None)
         line = _first(logs, "failed", "no pcie_ipc_comm", "PCIe-IPC") or "PcieIpcCommunicator disabled itself"
-        line = f"building it raised {raised}" if raised else line
-        if world_size not in SUPPORTED_WORLD_SIZES and not logs:  # SGLang says so at debug level only
+        if raised:  # what SGLang raised is the reason; the world-size guess is only for a silent disable
+            line = f"building it raised {raised}"
+        elif world_size not in SUPPORTED_WORLD_SIZES and not logs:  # SGLang says so at debug level only
             line = f"world size {world_size}: its kernels build for 2, 4 or 8 ranks only"
         choice = Choice(name, False, f"SGLang: {line}", remedies.SGLANG_PCIE_IPC_OFF)
         return PcieIpcVerdict("off", f"OFF ({choice.evidence})", choice, base | {"state": "off", "reason": line})

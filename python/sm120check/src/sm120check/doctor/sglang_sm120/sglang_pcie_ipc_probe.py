@@ -32,7 +32,7 @@ def run(ctx: RankContext, device: Any, cpu_group: Any, captured: Any) -> dict[st
     try:
         module = importlib.import_module(MODULE)
     except ImportError as exc:  # a release before 0.5.22, or its FlashInfer import failing at module level
-        return {"present": False, "reason": f"{type(exc).__name__}: {exc}"[:500]}
+        return {"present": False, "reason": _text(exc)}
     hidden = int(ctx.args["hidden"])
     rows = int(ctx.args.get("pcie_ipc_rows") or DEFAULT_ROWS)
     ctx.phase("PcieIpcCommunicator")
