@@ -91,6 +91,9 @@ def test_verify_launch_threshold_out_of_range_is_a_usage_error(tmp_path: Path, v
         '{"decode_batches": 5, "plain": {"1": 3}}',
         "[" * 100000,
         '{"decode_batches": 5, "plain": {"1": 3}, "speculative": {"2": ' + "9" * 5000 + "}}",
+        '{"decode_batches": 5, "plain": {}, "speculative": {}, "draft_prefills_skipped": -2}',
+        '{"decode_batches": 5, "plain": {}, "speculative": {}, "draft_prefills_skipped": true}',
+        '{"decode_batches": 5, "plain": {}, "speculative": {}, "draft_prefills_skipped": "7"}',
     ],
 )
 def test_a_hostile_switch_line_in_a_log_is_no_record(record: str) -> None:

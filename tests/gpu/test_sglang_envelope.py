@@ -6,11 +6,12 @@ levels.
 uncapped (the switch is in the tree but stays off in them: no threshold, no 0-step slot, no plain batch in their
 logs), then builds the tiers from the three sweeps (sm120check.bench.tiers, the switch known from the patch state),
 starts the static launch that realises them (switch-7.txt or switch.txt, whose threshold the role renders; this test
-writes the measured one into a copy of its .env) and sweeps it; `envelope-c` sweeps SGLang's own adaptive mode with
-its defaults (sglang-adaptive.txt, the anchor) and writes the record: table.json, the five curves' PNG where
-matplotlib is (the lent image has none: `python3 tests/gpu/test_sglang_envelope.py table.json curves.png` draws it
-here), the batches the policy server ran plain and speculative per batch size, and the steady decode rate at batch
-30 and 100 beside the plain server's. Sweeps wait for the next call in /tmp/sm120kit-envelope.
+writes the measured one into a copy of its .env) and sweeps it, then sends it tests/lab/crossing.py's requests, whose
+greedy outputs must equal the plain server's token for token (envelope-a kept those); `envelope-c` sweeps SGLang's
+own adaptive mode with its defaults (sglang-adaptive.txt, the anchor) and writes the record: table.json, the five
+curves' PNG where matplotlib is (the lent image has none: `python3 tests/gpu/test_sglang_envelope.py table.json
+curves.png` draws it here), the batches the policy server ran plain and speculative per batch size, and the steady
+decode rate at batch 30 and 100 beside the plain server's. Sweeps wait for the next call in /tmp/sm120kit-envelope.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from lab import decode_log
+from lab import crossing, decode_log
 from lab.sglang_gpu import LAUNCH, MARKS, OUT, Patched, Server, patch_tree, save, sm120check, start, write_models
 from sm120check.bench import tiers
 from sm120check.sglang import plain_decode
@@ -96,6 +97,8 @@ class TestEnvelopeCurves:
         write_models("spec.txt")
         for server in start(f"envelope-{name}", LAUNCH / CURVES[name][0]):
             sweep(server, name)
+            if name == "base":  # the greedy outputs the policy server must equal, token for token
+                (SWEEPS / "base-outputs.json").write_text(json.dumps(crossing.outputs(server)), encoding="utf-8")
         assert set(curve(name)) == set(LEVELS)
         found = switch_of(name)
         assert found is None or not found["plain"], found  # the switch stays off without a threshold or 0 slot
@@ -129,9 +132,14 @@ class TestEnvelopePolicy:
                 "notes": plan.notes,
             },
         )
+        base = json.loads((SWEEPS / "base-outputs.json").read_text())
         for server in start("envelope-policy", SWEEPS / "policy.txt"):
             sweep(server, "policy")
+            differs = crossing.differ(base, crossing.outputs(server))
+            found = plain_decode.evidence(server.lines())
+        save("policy-outputs.json", {"differ": differs, "switch": found.to_dict() if found else None})
         assert set(curve("policy")) == set(LEVELS)
+        assert not differs, f"the policy server's greedy outputs differ from the plain server's: {differs}"
 
     def test_sweep_sglangs_adaptive_mode(self, patched: Patched) -> None:
         for server in start("envelope-sglang-adaptive", LAUNCH / "sglang-adaptive.txt"):

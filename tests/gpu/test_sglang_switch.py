@@ -15,67 +15,18 @@ switch's token plumbing (input token, sampler, commit), not the attention or KV 
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
+from lab.crossing import differ, outputs
 from lab.sglang_gpu import LAUNCH, MARKS, Patched, Server, bench_level, save, sm120check, start, write_models
 from sm120check.sglang import plain_decode
 
 pytestmark = MARKS
 LEVELS = (1, 30, 100)
 MIN_BS = 30  # switch.env
-SHORT, LONG = 24, 320  # output tokens of the requests that leave a batch early, and of those that stay
-
-
-def prompt(i: int) -> str:
-    return " ".join(f"w{(i * 37 + k * 11) % 5000}" for k in range(12 + i % 9))
-
-
-def generate(server: Server, text: str, n: int, delay: float = 0.0) -> list[int]:
-    time.sleep(delay)
-    body = {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
-    request = urllib.request.Request(
-        f"{server.url}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        data: dict[str, Any] = json.loads(response.read())
-    ids = data.get("output_ids")
-    assert isinstance(ids, list), f"no output_ids in {sorted(data)}"
-    return [int(t) for t in ids]
-
-
-def completion(server: Server, text: str, n: int) -> str:
-    body = {"model": "default", "prompt": text, "temperature": 0, "max_tokens": n, "ignore_eos": True}
-    request = urllib.request.Request(
-        f"{server.url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        data: dict[str, Any] = json.loads(response.read())
-    return str(data["choices"][0]["text"])
-
-
-def crossing(server: Server) -> dict[str, list[int]]:
-    """Greedy outputs of two crossing patterns: 40 requests at once, 4 of them long (they start plain in a batch of
-    40 and finish speculative alone); then 4 long requests alone, joined 1 s later by 36 short ones (they start
-    speculative, run plain while the batch is large, and speculate again when it shrinks)."""
-    out: dict[str, list[int]] = {}
-    with ThreadPoolExecutor(max_workers=48) as pool:
-        first = {f"a{i}": pool.submit(generate, server, prompt(i), LONG if i < 4 else SHORT) for i in range(40)}
-        out.update({k: f.result(timeout=300) for k, f in first.items()})
-        second = {f"b{i}": pool.submit(generate, server, prompt(100 + i), LONG) for i in range(4)}
-        second |= {f"b{i}": pool.submit(generate, server, prompt(100 + i), SHORT * 4, 1.0) for i in range(4, 40)}
-        out.update({k: f.result(timeout=300) for k, f in second.items()})
-    return out
-
-
-def openai_outputs(server: Server) -> dict[str, str]:
-    return {f"o{i}": completion(server, prompt(200 + i), 48) for i in range(4)}
 
 
 RESULTS: dict[str, Any] = {}  # what one test hands the next (one server at a time on the GPU)
@@ -98,7 +49,7 @@ class TestSwitch:
     def test_base_server_outputs_and_rates(self, patched: Patched) -> None:
         write_models("switch.txt")
         for server in start("switch-base", LAUNCH / "base.txt"):
-            RESULTS["base"] = {"crossing": crossing(server), "openai": openai_outputs(server)}
+            RESULTS["base"] = outputs(server)
             RESULTS["base_levels"] = {c: _level(server, c, "base") for c in LEVELS}
         save("switch-base.json", RESULTS["base_levels"])
         assert all(RESULTS["base_levels"][c]["errors"] == 0 for c in LEVELS)
@@ -107,37 +58,33 @@ class TestSwitch:
         assert "base" in RESULTS, "the base server's outputs are missing (its test failed)"
         for server in start("switch", LAUNCH / "switch.txt"):
             ready = [line for line in server.lines() if plain_decode.READY_PREFIX in line]
-            got: dict[str, Any] = {"crossing": crossing(server), "openai": openai_outputs(server)}
+            got: dict[str, Any] = outputs(server)
             counts_after_crossing = plain_decode.counts(server.lines())
             RESULTS["switch_levels"] = {c: _level(server, c, "switch") for c in LEVELS}
             RESULTS["counts"] = plain_decode.counts(server.lines())
             RESULTS["ready"] = ready
-        differ = {
-            k: (len(v), _first_difference(v, got["crossing"][k]))
-            for k, v in RESULTS["base"]["crossing"].items()
-            if got["crossing"][k] != v
-        }
-        differ |= {k: v for k, v in RESULTS["base"]["openai"].items() if got["openai"][k] != v}
+        differs = differ(RESULTS["base"], got)
         save(
             "switch-result.json",
             {
                 "ready": ready,
                 "counts_after_crossing": counts_after_crossing,
                 "counts": RESULTS["counts"],
-                "differ": differ,
+                "differ": differs,
                 "levels": RESULTS["switch_levels"],
                 "base_levels": RESULTS["base_levels"],
                 "requests_compared": len(got["crossing"]) + len(got["openai"]),
             },
         )
         assert ready, "the switch server never logged that its plain decode graphs were captured"
-        assert not differ, f"outputs differ from the plain server: {differ}"
+        assert not differs, f"outputs differ from the plain server: {differs}"
         counts = RESULTS["counts"]
         assert counts is not None, "no `sm120kit plain decode batches:` line in the server log"
         plain, spec = counts["plain"], counts["speculative"]
         assert isinstance(plain, dict) and isinstance(spec, dict)
         assert plain and min(plain) >= MIN_BS, plain
         assert spec and max(spec) < MIN_BS, spec
+        assert counts.get("draft_prefills_skipped", 0) > 0, counts  # the bursts of 40 joined a plain batch
 
     def test_switch_server_decodes_at_the_plain_servers_rate_above_its_threshold(self, patched: Patched) -> None:
         base, switch = RESULTS.get("base_levels"), RESULTS.get("switch_levels")
@@ -157,7 +104,3 @@ def _level(server: Server, concurrency: int, label: str) -> dict[str, Any]:
         "steady_decode_tok_s": None if level.view is None else level.view.gen_tok_s,
         "server_log_tok_s": None if level.rate is None else level.rate.tok_s,
     }
-
-
-def _first_difference(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

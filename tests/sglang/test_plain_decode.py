@@ -64,6 +64,92 @@ def test_switch_guards_the_zero_step_branch_and_captures_at_init(version: str) -
     assert {"_sm120kit_plain_decode_init", "_sm120kit_plain_decode_wanted", "_sm120kit_plain_decode"} <= set(methods)
 
 
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_switch_guards_the_draft_prefill_after_the_target_prefill(version: str) -> None:
+    """The prefill guard returns before the draft's extend, after the target's prefill and its publish."""
+    text = plain_decode.add_switch(_worker(release_dir(version) / "sglang"), version)
+    cls = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == plain_decode.WORKER)
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    where = "_forward_prefill_batch" if "_forward_prefill_batch" in methods else "forward_batch_generation"
+    body = ast.get_source_segment(text, methods[where]) or ""
+    guard = body.index("self._sm120kit_skip_draft_prefill(batch)")
+    assert body.index("on_publish(batch_output.new_seq_lens)") < guard < body.index("._draft_extend_for_prefill(")
+    assert body.index("self.target_worker.forward_batch_generation(") < guard
+    assert text.count("self._sm120kit_skip_draft_prefill(batch)") == 1
+    assert {"_sm120kit_skip_draft_prefill", "_sm120kit_stub_draft_prefill"} <= set(methods)
+
+
+def _skip_decision(version: str) -> object:
+    """The patch's `_sm120kit_skip_draft_prefill`, compiled from the patched worker on its own."""
+    import textwrap
+
+    text = plain_decode.add_switch(_worker(release_dir(version) / "sglang"), version)
+    fn = next(
+        n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == "_sm120kit_skip_draft_prefill"
+    )
+    namespace: dict[str, object] = {}
+    exec(textwrap.dedent(ast.get_source_segment(text, fn) or ""), namespace)  # noqa: S102 - our own patch's method
+    return namespace["_sm120kit_skip_draft_prefill"]
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_a_prefill_skips_the_draft_only_when_the_batch_it_joins_decodes_plain(version: str) -> None:
+    """The decision alone, on stand-ins for the worker and the batch (SGLang's objects need its GPU runtime; the
+    GPU run, tests/gpu/test_sglang_envelope.py, runs it in the server)."""
+    import time
+    from types import SimpleNamespace
+
+    decide = _skip_decision(version)
+
+    def batch(n: int, idle: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(seq_lens=SimpleNamespace(shape=(n,)), forward_mode=SimpleNamespace(is_idle=lambda: idle))
+
+    def worker(min_bs: int | None, last_bs: int, ago_s: float, dp: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(
+            _sm120kit_plain=("backend", "graphs"),
+            _sm120kit_plain_min_bs=min_bs,
+            _sm120kit_last_decode=(last_bs, time.monotonic() - ago_s),
+            server_args=SimpleNamespace(enable_dp_attention=dp),
+        )
+
+    assert decide(worker(30, 25, 0.0), batch(5)) is True  # 25 running + 5 admitted reach 30
+    assert decide(worker(30, 25, 0.0), batch(4)) is False
+    assert decide(worker(30, 0, 0.0), batch(40)) is True  # a burst alone reaches it
+    assert decide(worker(30, 250, 5.0), batch(1)) is False  # the last decode batch is long gone: nothing runs
+    assert decide(worker(None, 250, 0.0), batch(250)) is False  # no threshold: adaptive or plain speculation
+    assert decide(worker(30, 250, 0.0), batch(8, idle=True)) is False
+    assert decide(worker(30, 250, 0.0, dp=True), batch(8)) is False
+    assert decide(SimpleNamespace(_sm120kit_plain_min_bs=30), batch(40)) is False  # graphs never captured
+
+
+def test_a_tree_with_the_earlier_switch_is_refused_until_reverted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree patched by a release of sm120check whose switch had no prefill guard: scan says so, patch refuses
+    with the fix and changes nothing, and revert then patch gives the current switch."""
+    tree = _copy(tmp_path, "0.5.16")
+    current = plain_decode.add_switch
+
+    def earlier(text: str, version: str) -> str:  # the earlier switch: the current one without the prefill guard
+        return "".join(line for line in current(text, version).splitlines(True) if "draft_prefill(batch" not in line)
+
+    with monkeypatch.context() as m:
+        m.setattr(plain_decode, "add_switch", earlier)
+        m.setattr(plain_decode, "applied", lambda text: "def _sm120kit_plain_decode(" in text)
+        assert run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)[0] == 0
+    assert plain_decode.earlier(_worker(tree)) and not plain_decode.applied(_worker(tree))
+    scanned = json.loads(run_cli("scan", "--source", str(tree), "--plain-decode", *ARGS)[1])
+    finding = next(f for f in scanned["findings"] if f["id"] == plain_decode.PATCH_ID)
+    assert not finding["ok"] and "earlier version" in finding["summary"] and "--revert" in finding["summary"]
+    before = tree_hashes(tree)
+    status, out = run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)
+    assert status == 2 and "sglang patch --revert" in json.loads(out)["error"]
+    assert tree_hashes(tree) == before
+    assert run_cli("patch", "--source", str(tree), "--revert", "--json")[0] == 0
+    assert run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)[0] == 0
+    assert plain_decode.applied(_worker(tree))
+
+
 @pytest.mark.parametrize("version", ["0.5.14"])
 def test_switch_refused_on_other_releases_with_nothing_changed(tmp_path: Path, version: str) -> None:
     tree = _copy(tmp_path, version)

@@ -575,6 +575,9 @@ def switch_meta(before: dict[str, object] | None, after: dict[str, object] | Non
             return {}
         grew = {b: int(n) - int(then.get(b, 0)) for b, n in sorted(now.items())}
         out[kind] = {str(b): n for b, n in grew.items() if n > 0}
+    skipped, then_skipped = after.get("draft_prefills_skipped"), (before or {}).get("draft_prefills_skipped", 0)
+    if isinstance(skipped, int) and isinstance(then_skipped, int):  # an earlier switch's log has no such count
+        out["draft_prefills_skipped"] = skipped - then_skipped
     return {"plain_decode_batches": out}
 
 

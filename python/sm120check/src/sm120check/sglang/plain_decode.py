@@ -13,8 +13,15 @@ verify graphs, the custom-mask attention path and the speculative accept kernel.
   is skipped and its next input stubbed (as `SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND` does); the draft's first round
   after the batch shrinks drafts from that stub and is rejected, the next rounds draft from the target's tokens.
 - Batches that ask for logprobs, a grammar or hidden states keep SGLang's 0-step path.
+- With the threshold set, a prefill skips the draft's extend when the batch it joins will decode plain: the last
+  decode batch (launched less than PREFILL_WINDOW_S ago) plus the prefill's requests reach the threshold. The guard
+  sits before the `with` block that calls `_draft_extend_for_prefill`; the prefill's next draft input is stubbed as
+  the plain decode's is. The draft's KV cache then lacks those prompts, as it lacks the tokens decoded plain: a
+  request that later speculates drafts from the target's tokens with that gap (the outputs are the target's either
+  way). Adaptive servers (0-step slots, no threshold) keep the draft's prefill.
 - Rank 0 logs `sm120kit plain decode batches: {json}` every LOG_EVERY decode batches: cumulative counts of plain and
-  speculative decode batches per batch size (`verify-launch` and the GPU tests read them).
+  speculative decode batches per batch size and of the prefills that skipped the draft (`verify-launch` and the GPU
+  tests read them).
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ READY_PREFIX = "sm120kit plain decode: ready"
 LOG_EVERY = 200
 MAX_RECORD_CHARS = 1 << 16  # a count line of the patch's is a few hundred characters; a longer one is not its
 _CALL_WANTED = "self._sm120kit_plain_decode_wanted(batch)"
+_CALL_PREFILL = "self._sm120kit_skip_draft_prefill(batch)"
+PREFILL_WINDOW_S = 1.0  # a decode batch launched this recently is still running when the next prefill comes
 _INIT_CALL = "self._sm120kit_plain_decode_init()"
 # Module-level names the added methods use, bound by the worker module of both releases
 NEEDED_NAMES = ("GenerationBatchResult", "EagleDraftInput", "log_info_on_rank0", "logger", "torch")
@@ -53,8 +62,9 @@ def _sm120kit_plain_decode_init(self):
     if raw and not (raw.isdigit() and int(raw) >= 1):
         raise ValueError(f"{ENV_MIN_BS}={{raw!r}}: expected a batch size of 1 or more (or unset)")
     self._sm120kit_plain_min_bs = int(raw) if raw else None
-    self._sm120kit_counts = {{"plain": {{}}, "speculative": {{}}}}
+    self._sm120kit_counts = {{"plain": {{}}, "speculative": {{}}, "draft_prefills_skipped": 0}}
     self._sm120kit_decode_batches = 0
+    self._sm120kit_last_decode = (0, 0.0)  # (batch size, time.monotonic()) of the last decode batch
     mr = self._target_worker.model_runner
     saved = (mr.spec_algorithm, mr.attn_backend, mr.decode_cuda_graph_runner, mr.init_new_workspace)
     mr.spec_algorithm = SpeculativeAlgorithm.from_string(None)
@@ -75,7 +85,10 @@ def _sm120kit_plain_decode_wanted(self, batch):
     """Whether this decode batch runs as a plain decode; counts every decode batch by size."""
     if getattr(self, "_sm120kit_plain", None) is None or batch.forward_mode.is_idle():
         return False
+    import time
+
     bs = batch.seq_lens.shape[0]
+    self._sm120kit_last_decode = (bs, time.monotonic())
     plain = (
         batch.spec_info is not None
         and not batch.spec_info.is_verify_input()
@@ -99,6 +112,28 @@ def _sm120kit_plain_decode_wanted(self, batch):
             + json.dumps({{"decode_batches": self._sm120kit_decode_batches, **self._sm120kit_counts}}),
         )
     return plain
+
+def _sm120kit_skip_draft_prefill(self, batch):
+    """Whether this prefill skips the draft's extend: the batch it joins reaches the plain threshold."""
+    import time
+
+    min_bs = getattr(self, "_sm120kit_plain_min_bs", None)
+    if getattr(self, "_sm120kit_plain", None) is None or min_bs is None or batch.forward_mode.is_idle():
+        return False
+    if self.server_args.enable_dp_attention:
+        return False
+    last_bs, at = self._sm120kit_last_decode
+    running = last_bs if time.monotonic() - at < {PREFILL_WINDOW_S} else 0
+    return running + batch.seq_lens.shape[0] >= min_bs
+
+def _sm120kit_stub_draft_prefill(self, batch, batch_output):
+    """The prefill's result without the draft's extend: its next draft input stubbed as a plain decode's."""
+    batch_output.next_draft_input = EagleDraftInput(
+        bonus_tokens=batch_output.next_token_ids, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1
+    )
+    self._stub_skipped_draft_extend(batch, batch_output)
+    self._sm120kit_counts["draft_prefills_skipped"] += 1
+    return batch_output
 
 def _sm120kit_plain_decode(self, batch, on_publish):
     """One plain decode step of the target: ForwardMode.DECODE, its decode graphs, the sampler; the draft stubbed."""
@@ -188,6 +223,19 @@ def _calls_trivial(node: ast.stmt) -> bool:
     )
 
 
+def _draft_prefill(cls: ast.ClassDef) -> ast.With | None:
+    """The one `with` block of the prefill path that calls the draft's `_draft_extend_for_prefill`."""
+    found = [
+        node
+        for name in ("forward_batch_generation", "_forward_prefill_batch")
+        if (fn := _method(cls, name)) is not None
+        for node in ast.walk(fn)
+        if isinstance(node, ast.With)
+        and any(isinstance(n, ast.Attribute) and n.attr == "_draft_extend_for_prefill" for n in ast.walk(node))
+    ]
+    return found[0] if len(found) == 1 else None
+
+
 def _zero_step_branch(fn: ast.FunctionDef) -> ast.If | None:
     """The statement of the decode branch that holds SGLang's 0-step path (an `if`, or the `if` of its elif chain)."""
     for node in ast.walk(fn):
@@ -199,7 +247,18 @@ def _zero_step_branch(fn: ast.FunctionDef) -> ast.If | None:
 
 
 def applied(text: str) -> bool:
-    return _CALL_WANTED in text and _INIT_CALL in text and "def _sm120kit_plain_decode(" in text
+    return all(s in text for s in (_CALL_WANTED, _INIT_CALL, _CALL_PREFILL, "def _sm120kit_stub_draft_prefill("))
+
+
+def earlier(text: str) -> bool:
+    """An earlier version of the switch (plain decode without the prefill guard) is in the worker."""
+    return not applied(text) and "_sm120kit_plain_decode" in text
+
+
+EARLIER = (
+    "an earlier version of the speculation switch is in this tree (without the draft-prefill guard); "
+    "run `sm120check sglang patch --revert`, then patch again with --plain-decode"
+)
 
 
 def survey(text: str | None, version: str) -> SwitchScan:
@@ -207,6 +266,8 @@ def survey(text: str | None, version: str) -> SwitchScan:
         return SwitchScan(PATH, False, False, f"{PATH} not found (no EAGLE spec-v2 worker in this release)")
     if applied(text):
         return SwitchScan(PATH, True, True, "")
+    if earlier(text):
+        return SwitchScan(PATH, True, False, EARLIER)
     if version not in SUPPORTED:
         why = f"SGLang {version} is not a release the switch was written against ({', '.join(SUPPORTED)})"
         return SwitchScan(PATH, False, False, why)
@@ -233,6 +294,9 @@ def _plan(text: str) -> list[tuple[int, str]]:
     branch = _zero_step_branch(forward)
     if branch is None:
         raise SglangError(f"{PATH}: {WORKER}.forward_batch_generation has no 0-step branch to switch")
+    prefill = _draft_prefill(cls)
+    if prefill is None:
+        raise SglangError(f"{PATH}: {WORKER} has no single draft-prefill block (_draft_extend_for_prefill) to guard")
     missing = [n for n in NEEDED_NAMES if n not in top_level_names(module)]
     if missing:
         raise SglangError(f"{PATH}: the module does not bind {', '.join(missing)}; the switch does not apply to it")
@@ -244,6 +308,11 @@ def _plan(text: str) -> list[tuple[int, str]]:
         f"{indent}if {_CALL_WANTED}:  {MARK}: the target's plain decode at 0 draft steps{nl}"
         f"{step}return self._sm120kit_plain_decode(batch, on_publish)  {MARK}{nl}"
     )
+    prefill_indent = src.indent_of(prefill.lineno)
+    prefill_guard = (
+        f"{prefill_indent}if {_CALL_PREFILL}:  {MARK}: the batch it joins decodes plain{nl}"
+        f"{prefill_indent}    return self._sm120kit_stub_draft_prefill(batch, batch_output)  {MARK}{nl}"
+    )
     last = init.body[-1]
     init_indent = src.indent_of(last.lineno)
     init_call = f"{init_indent}{_INIT_CALL}  {MARK}: capture the plain decode graphs{nl}"
@@ -251,6 +320,7 @@ def _plan(text: str) -> list[tuple[int, str]]:
     lines = [f"{MARK}: the speculation switch (sm120check sglang patch --plain-decode)", *_METHODS.splitlines()]
     block = nl + "".join(f"{method_indent}{line}  {MARK}{nl}" if line.strip() else nl for line in lines)
     return [
+        (src.line_start(prefill.lineno), prefill_guard),
         (src.line_start(branch.lineno), guard),
         (src.after_line(last.end_lineno or last.lineno), init_call),
         (src.after_line(cls.end_lineno or cls.lineno), block),
@@ -261,6 +331,8 @@ def add_switch(text: str, version: str) -> str:
     """The worker's source with the switch (unchanged when it is there already); SglangError when it cannot apply."""
     if applied(text):
         return text
+    if earlier(text):
+        raise SglangError(f"{PATH}: {EARLIER}")
     if version not in SUPPORTED:
         raise SglangError(
             f"SGLang {version}: the plain-decode switch is written for {', '.join(SUPPORTED)} only; "
@@ -284,6 +356,11 @@ def counts(lines: list[str]) -> dict[str, object] | None:
         if not isinstance(raw, dict) or not isinstance(raw.get("decode_batches"), int):
             continue
         out: dict[str, object] = {"decode_batches": raw["decode_batches"]}
+        if "draft_prefills_skipped" in raw:  # absent in an earlier switch's records
+            skipped = raw["draft_prefills_skipped"]
+            if not isinstance(skipped, int) or isinstance(skipped, bool) or skipped < 0:
+                continue
+            out["draft_prefills_skipped"] = skipped
         for kind in ("plain", "speculative"):
             table = raw.get(kind)
             if not isinstance(table, dict) or not all(
@@ -304,6 +381,7 @@ class SwitchEvidence:
     decode_batches: int
     plain: dict[int, int]
     speculative: dict[int, int]
+    draft_prefills_skipped: int = 0
 
     @property
     def note(self) -> str:
@@ -314,7 +392,10 @@ class SwitchEvidence:
         share = sum(self.plain.values()) / self.decode_batches
         where = f" at batch sizes {min(self.plain)}-{max(self.plain)}" if self.plain else ""
         spec = f"; speculative at {min(self.speculative)}-{max(self.speculative)}" if self.speculative else ""
-        return f"speculation switch: {share:.0%} of {self.decode_batches} decode batches ran plain{where}{spec}"
+        skipped = f"; {self.draft_prefills_skipped} prefills skipped the draft" if self.draft_prefills_skipped else ""
+        return (
+            f"speculation switch: {share:.0%} of {self.decode_batches} decode batches ran plain{where}{spec}{skipped}"
+        )
 
     def against(self, min_bs: int) -> str:
         """What contradicts a launch whose threshold is `min_bs` ("" when nothing does)."""
@@ -340,6 +421,7 @@ class SwitchEvidence:
             "decode_batches": self.decode_batches,
             "plain": {str(k): v for k, v in sorted(self.plain.items())},
             "speculative": {str(k): v for k, v in sorted(self.speculative.items())},
+            "draft_prefills_skipped": self.draft_prefills_skipped,
         }
 
 
@@ -351,6 +433,7 @@ def evidence(lines: list[str]) -> SwitchEvidence | None:
         return None
     if found is None:
         return SwitchEvidence(ready, 0, {}, {})
-    plain, spec = found["plain"], found["speculative"]
+    plain, spec, skipped = found["plain"], found["speculative"], found.get("draft_prefills_skipped", 0)
     assert isinstance(plain, dict) and isinstance(spec, dict) and isinstance(found["decode_batches"], int)
-    return SwitchEvidence(ready, found["decode_batches"], dict(plain), dict(spec))
+    assert isinstance(skipped, int)
+    return SwitchEvidence(ready, found["decode_batches"], dict(plain), dict(spec), skipped)
