@@ -9,7 +9,9 @@ import ast
 import difflib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,17 +81,17 @@ def test_switch_guards_the_draft_prefill_after_the_target_prefill(version: str) 
     assert {"_sm120kit_skip_draft_prefill", "_sm120kit_stub_draft_prefill"} <= set(methods)
 
 
-def _skip_decision(version: str) -> object:
+def _skip_decision(version: str) -> Callable[[object, object], bool]:
     """The patch's `_sm120kit_skip_draft_prefill`, compiled from the patched worker on its own."""
     import textwrap
 
     text = plain_decode.add_switch(_worker(release_dir(version) / "sglang"), version)
-    fn = next(
-        n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == "_sm120kit_skip_draft_prefill"
-    )
-    namespace: dict[str, object] = {}
-    exec(textwrap.dedent(ast.get_source_segment(text, fn) or ""), namespace)  # noqa: S102 - our own patch's method
-    return namespace["_sm120kit_skip_draft_prefill"]
+    name = "_sm120kit_skip_draft_prefill"
+    fn = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == name)
+    namespace: dict[str, Any] = {}
+    exec(textwrap.dedent(ast.get_source_segment(text, fn) or ""), namespace)  # our own patch's method
+    decide: Callable[[object, object], bool] = namespace[name]
+    return decide
 
 
 @pytest.mark.parametrize("version", SUPPORTED)
@@ -226,6 +228,11 @@ def test_counts_read_the_last_record_of_a_log() -> None:
         "speculative": {1: 50},
     }
     assert plain_decode.counts(lines[:1]) is None
+    record = '{"decode_batches": 400, "plain": {"40": 9}, "speculative": {}, "draft_prefills_skipped": 3}'
+    found = plain_decode.evidence([f"[x] {plain_decode.READY_PREFIX} (...)", plain_decode.LOG_PREFIX + record])
+    assert found is not None and found.draft_prefills_skipped == 3 and "3 prefills skipped the draft" in found.note
+    earlier = plain_decode.evidence(lines)  # an earlier switch's lines have no such count
+    assert earlier is not None and earlier.draft_prefills_skipped == 0 and "skipped" not in earlier.note
     hostile = f'{plain_decode.LOG_PREFIX}{{"decode_batches": 1, "plain": {{"x": -1}}, "speculative": {{}}}}'
     assert plain_decode.counts([hostile]) is None
 
