@@ -7,9 +7,9 @@
 #   venv      make the stack venv (without the import probe)
 #   stack     make the stack venv $VENV from the carried archive (scripts/device/sglang_stack.py install: SGLang
 #             0.5.16's pins, then the image's torch) and import-probe the server's modules
-#   gputests  pytest -m gpu tests/gpu with the stack venv's python: the doctor, node health and the SGLang server
-#             (tests/gpu/test_sglang_server.py); pytest's summary line in $OUT/pytest-gpu.txt, every artifact in
-#             $OUT/gpu-artifacts.tar.gz (tests/gpu/test_sglang_policy.py is left to its own phase)
+#   gputests  pytest -m gpu on $QUICK_TESTS with the stack venv's python: the comm, doctor and node health tests and
+#             the SGLang server (tests/gpu/test_sglang_server.py); pytest's summary line in $OUT/pytest-gpu.txt, every
+#             artifact in $OUT/gpu-artifacts.tar.gz (the policy, envelope, switch and soak files have their own phases)
 #   server-base  gputests on the doctor, health and comm tests and tests/gpu/test_sglang_server.py without TestSpec
 #             (patch, base server, no-graphs server, bad-draft server, revert; about 6 minutes)
 #   server-spec  gputests on tests/gpu/test_sglang_server.py's TestSpec (patch, EAGLE-3 server, revert; about 5 minutes;
@@ -45,7 +45,7 @@
 #             GPU 0 to itself, the many-to-one round, nccl_pairs' two ranks on GPU 0 with P2P on and off, the watchdog
 #             on a rank that never joins) and the doctor's gpu_peer_bandwidth, gpu_peer_stress and nccl_pairs at
 #             level 3, into $OUT/pcie-pairs (about 2 minutes)
-# GPU_TESTS narrows the pytest paths (default tests/gpu), PYTEST_K selects within them (pytest -k), GPU_TIMEOUT
+# GPU_TESTS names the pytest paths (default $QUICK_TESTS), PYTEST_K selects within them (pytest -k), GPU_TIMEOUT
 # bounds them (default 560 s).
 # Every process keeps NVLink multicast off (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 # NVSHMEM_DISABLE_NVLS=1). Servers listen on 127.0.0.1 only.
@@ -64,6 +64,10 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$root/python/sm120check/src:$root/tests"
 
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
+# The quick GPU tests (gputests, server-base, server-spec); the long ones (policy, envelope, switch, soak) are named
+# only by their own phases.
+QUICK_TESTS="tests/gpu/test_comm_gpu.py tests/gpu/test_doctor_gpu.py tests/gpu/test_health_gpu.py"
+QUICK_TESTS+=" tests/gpu/test_sglang_server.py"
 
 stop_servers() {  # $1: --all also stops servers of a pytest still running (this script is ending)
   timeout 120 python3 tests/lab/server_pids.py stop ${1:-}
@@ -97,7 +101,7 @@ phase_gputests() {
   mkdir -p "$out/gpu"
   stop_servers  # what an earlier call left running
   SM120KIT_GPU_OUT="$out/gpu" timeout "${GPU_TIMEOUT:-560}" "$VENV/bin/python" -m pytest -m gpu \
-    ${GPU_TESTS:-tests/gpu --ignore=tests/gpu/test_sglang_policy.py} \
+    ${GPU_TESTS:-$QUICK_TESTS} \
     -p no:cacheprovider -rA \
     ${PYTEST_K:+-k "$PYTEST_K"} > "$out/pytest-gpu-full.txt" 2>&1 &
   pytest_pid=$!
@@ -114,7 +118,7 @@ phase_gputests() {
 }
 
 phase_server_base() {
-  GPU_TESTS="tests/gpu --ignore=tests/gpu/test_sglang_policy.py" PYTEST_K="not TestSpec" phase_gputests
+  GPU_TESTS=$QUICK_TESTS PYTEST_K="not TestSpec" phase_gputests
 }
 
 phase_server_spec() {

@@ -297,3 +297,27 @@ def test_the_next_server_finds_the_port_free_after_a_child_that_ignored_sigterm(
     assert holders and holders <= port_owner.process_tree(server.proc.pid)
     servers.close()
     assert port_owner.listeners(port) == () and not server_pids.group_running(server.proc.pid)
+
+
+@pytest.mark.parametrize("phase", ["gputests", "server-base", "server-spec"])
+def test_the_quick_phases_never_run_the_long_gpu_files(tmp_path: Path, state_file: Path, phase: str) -> None:
+    """The quick phases name their test files: the sweeps and soaks (many minutes each) run only in their own phases
+    (server-base once ran the envelope sweeps and hit its timeout before reaching the server tests). The venv's
+    python is a stand-in that records its arguments."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    args = tmp_path / "args.txt"
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {args}\n')
+    (venv / "bin" / "python").chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "VENV": str(venv), "OUT": str(out), "SM120KIT_SERVER_STATE": str(state_file)}
+    env.pop("GPU_TESTS", None)
+    run = subprocess.run(["bash", str(SCRIPT), phase], capture_output=True, text=True, env=env, timeout=120)
+    named = args.read_text().splitlines() if args.exists() else []
+    files = {a for a in named if a.startswith("tests/gpu/")}
+    assert files, run.stdout + run.stderr
+    assert all((SCRIPT.parents[2] / f).is_file() for f in files), files
+    long_files = {"test_sglang_policy.py", "test_sglang_envelope.py", "test_sglang_switch.py", "test_sglang_soak.py"}
+    assert not {Path(f).name for f in files} & long_files, files
+    assert "tests/gpu/test_sglang_server.py" in files
