@@ -185,12 +185,11 @@ def plot(table: dict[str, Any], path: Path) -> None:
 
     levels = table["levels"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True, height_ratios=[3, 2])
-    for name, ys in table["curves"].items():
-        top.plot(levels, ys, marker="o", label=name)
     base = table["curves"]["base"]
-    for name, ys in table["curves"].items():
+    for i, (name, ys) in enumerate(table["curves"].items()):  # one colour per curve in both panels
+        top.plot(levels, ys, marker="o", label=name, color=f"C{i}")
         if name != "base":
-            bottom.plot(levels, [y / b for y, b in zip(ys, base, strict=True)], marker="o", label=name)
+            bottom.plot(levels, [y / b for y, b in zip(ys, base, strict=True)], marker="o", color=f"C{i}")
     bottom.axhline(1.0, color="grey", linewidth=1)
     top.set_xscale("log")
     top.set_xticks(levels, [str(c) for c in levels])

@@ -86,6 +86,31 @@ def test_a_run_without_the_driver_check_does_not_ask_nvml(
     assert result["id"] == "stack"
 
 
+@pytest.mark.parametrize("check", ["flashinfer_jit", "sglang_sm120"])
+def test_a_check_that_reads_the_gpu_list_asks_nvml_when_run_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, check: str
+) -> None:
+    """`doctor --select flashinfer_jit` on a GPU box said "no GPU seen" (NVML was asked only with the driver check in
+    the run; docs/validation/2026-12-06-h100-envelope-2): a check that declares `needs_nvml` gets NVML's list."""
+    asked: list[str] = []
+
+    def run_probe(module: str, *args: Any, **kwargs: Any) -> child.ChildOutcome:
+        asked.append(module)
+        if module != facts.NVML_PROBE:
+            return child.ChildOutcome(ok=False, error="not this test's probe")
+        return child.ChildOutcome(ok=True, data=NvmlAnswer(H200).to_json())
+
+    monkeypatch.setattr(child, "run_probe", run_probe)
+    args = _doctor_args("--select", check, "--json", "--manifest", str(write_manifest(tmp_path)))
+    cli.main(args)
+    results = {r["id"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert set(results) == {check} and asked.count(facts.NVML_PROBE) == 1, asked
+    assert "no GPU seen" not in results[check]["summary"]
+    from sm120check.doctor.catalogue import all_checks
+
+    assert {c.id for c in all_checks() if facts.needs_nvml(c)} >= {"driver", "flashinfer_jit", "sglang_sm120"}
+
+
 def test_checks_that_read_the_gpu_list_no_longer_declare_the_driver_for_it() -> None:
     assert sglang.SglangSm120.uses == () and sglang.SglangSm120.requires == ()
     # A failed driver must still skip these: the list is there, the driver is too old for it.

@@ -217,12 +217,13 @@ def _run(
     start = time.monotonic()
     signum = 0
     try:
-        # NVML is asked once, for every check, when the driver check (which judges its answer) is in the run.
+        # NVML is asked once, for every check, when the driver check (which judges its answer) or a check that reads
+        # its GPU list (`needs_nvml`) is in the run.
         # The node-health probe too, once, when a health check is in the run (with the loads for level 2).
         ctx.facts = facts.gather(
             ctx.facts,
             timeout=ctx.timeout,
-            nvml=any(c.id == "driver" for c in chosen),
+            nvml=any(facts.needs_nvml(c) for c in chosen),
             health=health.plan(chosen, ctx.gpus),
             torch_probe=early if early is not None else torch_check.early_probe(chosen, ctx),
             pcie=facts.pcie_reader(chosen),  # once, when a check that declares `needs_pcie` is in the run

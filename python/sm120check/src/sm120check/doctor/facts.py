@@ -264,6 +264,12 @@ class NodeFacts:
         return self.venv / "bin" / "python"
 
 
+def needs_nvml(check: object) -> bool:
+    """Whether a check reads NVML's GPU list: the driver check (which judges NVML's answer), or a check that declares
+    `needs_nvml = True` (a class attribute; absent: False). NVML is asked once when any of them is in the run."""
+    return getattr(check, "id", None) == "driver" or getattr(check, "needs_nvml", False) is True
+
+
 def needs_pcie(check: object) -> bool:
     """Whether a check judges the PCIe fabric: it declares `needs_pcie = True` (a class attribute; absent: False)."""
     return getattr(check, "needs_pcie", False) is True

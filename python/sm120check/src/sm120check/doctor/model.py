@@ -94,7 +94,9 @@ class Check(Protocol):
     """A check: its docstring is the user-facing description shown by `--list`.
 
     A check may also declare `needs_pcie: ClassVar[bool] = True` (absent: False): its judge reads the run's PCIe facts
-    (`ctx.facts.pcie`), which the facts step then reads once for the run (`facts.pcie_reader`)."""
+    (`ctx.facts.pcie`), which the facts step then reads once for the run (`facts.pcie_reader`). Likewise
+    `needs_nvml: ClassVar[bool] = True`: it reads NVML's GPU list (`ctx.facts.gpus`), asked once for the run
+    (`facts.needs_nvml`) even when the driver check is not in it."""
 
     id: ClassVar[str]
     family: ClassVar[str]

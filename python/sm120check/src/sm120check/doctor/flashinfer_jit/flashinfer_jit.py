@@ -113,6 +113,7 @@ class FlashinferJitCheck:
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ()
+    needs_nvml: ClassVar[bool] = True  # the JIT target is the GPUs' capability (NVML's list), even run alone
 
     def run(self, ctx: Context) -> Result:
         version = flashinfer_version(ctx)

@@ -27,6 +27,7 @@ class SglangSm120:
     level: ClassVar[int] = 1
     requires: ClassVar[tuple[str, ...]] = ()
     uses: ClassVar[tuple[str, ...]] = ()
+    needs_nvml: ClassVar[bool] = True  # the scan's capability is the first GPU's (NVML's list), even run alone
 
     def run(self, ctx: Context) -> Result:
         from sm120check.sglang import scan as report
