@@ -156,3 +156,22 @@ def test_builder_without_ninja_names_the_fix(specs: dict[str, Any], monkeypatch:
     monkeypatch.setattr(builder, "find_ninja", lambda env=None: None)
     with pytest.raises(ValueError, match="no `ninja` on PATH"):
         builder.build(["trtllm_comm"], None, lambda line: None)
+
+
+def test_a_module_the_installed_flashinfer_lacks_names_its_version_and_the_release_it_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FlashInfer 0.6.14 (SGLang 0.5.16's pin, the GPU machine's carry) has no pcie_ipc_comm generator: the error
+    names the installed version and the module's release. A stand-in package replaces the import (the real 0.6.14
+    wheel is not in CI's indexes); docs/validation/2026-12-06-h100-envelope-2 has the real message."""
+    import sys
+    import types
+
+    flashinfer = types.ModuleType("flashinfer")
+    flashinfer.__version__ = "0.6.14"  # type: ignore[attr-defined]
+    comm = types.ModuleType("flashinfer.jit.comm")
+    monkeypatch.setitem(sys.modules, "flashinfer", flashinfer)
+    monkeypatch.setitem(sys.modules, "flashinfer.jit", types.ModuleType("flashinfer.jit"))
+    monkeypatch.setitem(sys.modules, "flashinfer.jit.comm", comm)
+    with pytest.raises(ValueError, match=r"FlashInfer 0\.6\.14 does not provide module 'pcie_ipc_comm' \(.*0\.7\.0\+"):
+        jit_modules.spec_for("pcie_ipc_comm")

@@ -82,7 +82,13 @@ def spec_for(name: str) -> Any:
     package, generator = _generator(name)
     imported = importlib.import_module(package)
     if not hasattr(imported, generator):
-        raise ValueError(f"{package} has no {generator}: this FlashInfer does not provide module {name!r}")
+        version = getattr(importlib.import_module("flashinfer"), "__version__", "of unknown version")
+        known = REGISTRY.get(name)
+        needs = f" ({known.purpose})" if known else ""
+        raise ValueError(
+            f"{package} has no {generator}: FlashInfer {version} does not provide module {name!r}{needs}; "
+            "install the FlashInfer the server uses, or leave the module out (--modules)"
+        )
     return getattr(imported, generator)()
 
 
