@@ -97,7 +97,7 @@ def test_a_check_that_reads_the_gpu_list_asks_nvml_when_run_alone(
     def run_probe(module: str, *args: Any, **kwargs: Any) -> child.ChildOutcome:
         asked.append(module)
         if module != facts.NVML_PROBE:
-            return child.ChildOutcome(ok=False, error="not this test's probe")
+            return child.ChildOutcome(ok=False, stderr_tail="not this test's probe")
         return child.ChildOutcome(ok=True, data=NvmlAnswer(H200).to_json())
 
     monkeypatch.setattr(child, "run_probe", run_probe)
