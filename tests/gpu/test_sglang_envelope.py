@@ -194,7 +194,13 @@ class TestEnvelopePolicy:
         for i, c in enumerate(LEVELS):
             envelope = max(curves[n][c] for n in ("base", "spec-3", "spec-7") if n in curves)
             if curves["policy"][c] < (1 - ENVELOPE) * envelope:
-                misses.append(f"C={c}: policy {curves['policy'][c]:.0f} < 95 % of the envelope {envelope:.0f}")
+                best = max((n for n in ("base", "spec-3", "spec-7") if n in curves), key=lambda n: curves[n][c])
+                # with repeated sweeps: does the policy's best sweep reach 95 % of that curve's worst one?
+                overlap = max(sweeps_of("policy")[c]) >= (1 - ENVELOPE) * min(sweeps_of(best)[c])
+                noise = f" (within the sweeps' spread: {overlap})" if REPEATS > 1 else ""
+                misses.append(
+                    f"C={c}: policy {curves['policy'][c]:.0f} < 95 % of the envelope {envelope:.0f} ({best}){noise}"
+                )
             if "sglang-adaptive" in curves and curves["policy"][c] < curves["sglang-adaptive"][c]:
                 anchor = curves["sglang-adaptive"][c]
                 misses.append(f"C={c}: policy {curves['policy'][c]:.0f} < SGLang adaptive {anchor:.0f}")
