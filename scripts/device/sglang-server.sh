@@ -24,7 +24,9 @@
 #   switch    the speculation switch (tests/gpu/test_sglang_switch.py: the plain server, then the EAGLE-3 server
 #             patched with --plain-decode; greedy outputs token for token across the switch, rates at C=1/30/100;
 #             about 7 minutes)
-#   envelope-a, envelope-b, envelope-c  issue #33's five curves in three calls on one warm machine
+#   envelope-a, envelope-b, envelope-c  issue #33's five curves in three calls on one warm machine (every envelope
+#             phase starts its servers with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1: the bench records each level's GPU
+#             seconds per forward kind, server_forward_seconds)
 #             (tests/gpu/test_sglang_envelope.py: the base and 3-step sweeps; the 7-step sweep, the tiers and the
 #             policy server with the switch; SGLang's adaptive mode and table.json; about 5, 5 and 3 minutes)
 #   envelope-spread-a, envelope-spread-b  the same with each request's output length uniform in 128 x (1 +- 0.5)
@@ -159,6 +161,7 @@ phase_switch() {
 }
 
 phase_envelope_a() {
+  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
   GPU_TESTS=tests/gpu/test_sglang_envelope.py PYTEST_K="TestEnvelopeCurves and not spec-7" phase_gputests
 }
 
@@ -179,30 +182,36 @@ phase_soak_load() {
 }
 
 phase_envelope_b() {
+  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
   GPU_TESTS=tests/gpu/test_sglang_envelope.py PYTEST_K="spec-7 or test_sweep_the_policy_server" phase_gputests
 }
 
 phase_envelope_c() {
+  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
   GPU_TESTS=tests/gpu/test_sglang_envelope.py \
     PYTEST_K="test_sweep_sglangs_adaptive_mode or test_the_policy_is_on_the_envelope" phase_gputests
 }
 
 phase_envelope_spread_a() {
+  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
   SM120KIT_ENVELOPE_SPREAD=${SM120KIT_ENVELOPE_SPREAD:-0.5} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
     PYTEST_K="TestEnvelopeCurves and (base or spec-7)" phase_gputests
 }
 
 phase_envelope_spread_b() {
+  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
   SM120KIT_ENVELOPE_SPREAD=${SM120KIT_ENVELOPE_SPREAD:-0.5} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
     PYTEST_K="test_sweep_the_policy_server or test_the_policy_is_on_the_envelope" phase_gputests
 }
 
 phase_envelope_repeat_a() {
+  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
   SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
     PYTEST_K="TestEnvelopeCurves and (base or spec-7)" phase_gputests
 }
 
 phase_envelope_repeat_b() {
+  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
   SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
     PYTEST_K="test_sweep_the_policy_server or test_the_policy_is_on_the_envelope" phase_gputests
 }

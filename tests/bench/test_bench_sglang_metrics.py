@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from bench.conftest import run_subcommand
 from lab.loopback import QuietHandler, serve, sse, url
-from sm120check.bench.metrics import AcceptRatio, family_for, parse, spec_delta
+from sm120check.bench.metrics import AcceptRatio, family_for, forward_seconds, parse, spec_delta
 from sm120check.bench.records import LevelSummary, read_jsonl
 from sm120check.bench.speculation import FLAG
 
@@ -57,8 +57,20 @@ class SglangCounters:
             [*labels, "tp_rank", "pp_rank", "moe_ep_rank", "dp_rank"],
             registry=self.registry,
         )
+        # SchedulerMetricsCollector's Counter, incremented by utils/device_timer.py's reporter (metrics_reporter.py)
+        # with the GPU seconds of each forward when SGLANG_ENABLE_METRICS_DEVICE_TIMER=1
+        self.forward_execution_seconds_total = Counter(
+            "sglang:forward_execution_seconds_total",
+            "Total time that GPU is busy executing model forward passes. Refer to ForwardMode for category labels.",
+            [*labels, "tp_rank", "pp_rank", "moe_ep_rank", "dp_rank", "category"],
+            registry=self.registry,
+        )
         for dp in ("0", "1"):
             self.running(dp).set(0)
+
+    def forward(self, dp: str, category: str, seconds: float) -> None:
+        ranks = {"tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0", "dp_rank": dp}
+        self.forward_execution_seconds_total.labels(**TOKENIZER_LABELS, **ranks, category=category).inc(seconds)
 
     def running(self, dp: str) -> Gauge:
         return self.num_running_reqs.labels(**TOKENIZER_LABELS, tp_rank="0", pp_rank="0", moe_ep_rank="0", dp_rank=dp)
@@ -76,6 +88,7 @@ class SglangState:
 
     verify: int
     restart_at: int = 0
+    timed: bool = False  # SGLANG_ENABLE_METRICS_DEVICE_TIMER=1: GPU seconds per forward kind
     released: int = 0
     counters: SglangCounters = field(default_factory=SglangCounters)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -102,6 +115,10 @@ class SglangState:
             else:
                 self.counters.running(dp).dec()
             self.counters.observe_one_finished_request(OUTPUT, self.verify)
+            if self.timed:  # a request's forwards: its prefill, then its decode (or verify) steps; DP rank 1 is
+                for rank, share in (("0", 1.0), ("1", 0.5)):  # given half of rank 0's time
+                    self.counters.forward(rank, "extend", 0.001 * share)
+                    self.counters.forward(rank, "target_verify" if self.verify else "decode", 0.002 * OUTPUT * share)
 
     def metrics(self) -> bytes:
         with self.lock:
@@ -191,6 +208,35 @@ def test_a_base_server_has_no_accept_length_and_is_not_called_speculative(tmp_pa
         assert "metrics_delta" not in r.meta and FLAG not in r.flags
         server = r.meta["server"]
         assert isinstance(server, dict) and server["engine"] == "sglang" and server["speculative"] is False
+
+
+@pytest.mark.parametrize("verify", [0, GOOD_VERIFY])
+def test_each_level_keeps_the_gpu_seconds_per_forward_kind(tmp_path: Path, verify: int) -> None:
+    """With SGLang's device timer the level records its GPU-busy seconds per forward kind (the busiest DP rank's):
+    a base server's decode, a speculative one's verify; a server without the timer records none."""
+    with sglang_server(SglangState(verify=verify, timed=True)) as address:
+        records = bench(address, "openai-completions", tmp_path / "r.jsonl")
+    kind, per_request = "target_verify" if verify else "decode", 0.002 * OUTPUT
+    for r in records:
+        busy = r.meta["server_forward_seconds"]
+        assert isinstance(busy, dict) and set(busy) == {"extend", kind}, busy
+        # rank 0's growth (whole requests, warm-up included), not the sum with rank 1's half
+        requests = busy[kind] / per_request
+        assert requests >= r.requests and abs(requests - round(requests)) < 1e-6, busy
+        assert abs(busy["extend"] - 0.001 * round(requests)) < 1e-9, busy
+    with sglang_server(SglangState(verify=verify)) as address:
+        plain = bench(address, "openai-completions", tmp_path / "plain.jsonl")
+    assert all("server_forward_seconds" not in r.meta for r in plain)
+
+
+def test_a_forward_counter_that_went_down_is_a_problem_not_a_value() -> None:
+    before, after = SglangCounters(), SglangCounters()
+    before.forward("0", "decode", 5.0)
+    after.forward("0", "decode", 1.0)
+    busy, problem = forward_seconds(parse(generate_latest(before.registry)), parse(generate_latest(after.registry)))
+    assert busy is None and "went down" in problem and "decode" in problem
+    assert forward_seconds(parse(b""), parse(generate_latest(after.registry))) == ({"decode": 1.0}, "")
+    assert forward_seconds(parse(b""), parse(b"")) == (None, "")
 
 
 def test_a_verify_counter_that_did_not_grow_gives_no_accept_length() -> None:

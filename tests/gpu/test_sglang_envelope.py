@@ -97,6 +97,18 @@ def sweeps_of(label: str) -> dict[int, list[float]]:
     return out
 
 
+def gpu_busy(label: str) -> dict[str, dict[str, float]]:
+    """Per level, the last sweep's GPU seconds per forward kind (bench's server_forward_seconds) and its wall time."""
+    out: dict[str, dict[str, float]] = {}
+    for line in (SWEEPS / f"{label}.jsonl").read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            busy = row.get("server_forward_seconds") or {}
+            wall = float(row["level_ended_epoch"]) - float(row["level_started_epoch"])
+            out[str(row["concurrency"])] = {**{k: float(v) for k, v in busy.items()}, "level_wall_s": round(wall, 3)}
+    return out
+
+
 def curve(label: str) -> dict[int, float]:
     """The mean of the sweeps per level."""
     return {c: sum(v) / len(v) for c, v in sweeps_of(label).items()}
@@ -210,6 +222,7 @@ class TestEnvelopePolicy:
             "sweeps": {n: {str(c): v for c, v in sweeps_of(n).items()} for n in names},
             "sweep_spread": {n: sweep_spread(n) for n in names},
             "step_at_batch": step,
+            "gpu_seconds": {n: gpu_busy(n) for n in names},
             "policy_batches": switch_of("policy"),
             "misses": misses,
         }

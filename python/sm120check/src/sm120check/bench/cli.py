@@ -43,7 +43,7 @@ from sm120check.bench.identity import (
     identity_from,
     level_name,
 )
-from sm120check.bench.metrics import Scrape, SpecFamily, family_for, spec_delta
+from sm120check.bench.metrics import Scrape, SpecFamily, family_for, forward_seconds, spec_delta
 from sm120check.bench.openloop import HARD_MAX_IN_FLIGHT, OpenLoopStats, RatePlan, peak_in_flight, run_rate_level
 from sm120check.bench.prompts import load_prompt_file, output_len, synthetic_prompts, unique_prompt
 from sm120check.bench.records import LevelSummary, append_jsonl, level_table
@@ -891,6 +891,11 @@ async def _after_level(
                 if after is not None:
                     facts = facts.with_scrape(after)
                     summary, meta = _metrics_accept(summary, family, begun.scrape, after)
+                    busy, problem = forward_seconds(begun.scrape, after)
+                    if busy is not None:
+                        meta["server_forward_seconds"] = {k: round(v, 6) for k, v in busy.items()}
+                    if problem:
+                        summary = replace(summary, warnings=(*summary.warnings, problem))
             info = await fetch_server_info(endpoint, headers, timeout) if facts.sglang_info else {}
             identity = await _identity(endpoint, headers, facts, timeout, info if facts.sglang_info else None)
         except HttpError as exc:  # the level is measured: keep it, then stop

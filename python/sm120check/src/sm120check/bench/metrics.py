@@ -265,6 +265,30 @@ def spec_delta(family: SpecFamily, before: Scrape, after: Scrape) -> LevelDelta:
     return LevelDelta(SpecDelta(tokens, steps, _growth(family.draft_tokens, before, after), family.ratio))
 
 
+# SGLang's GPU-busy seconds per forward kind (`category`: extend, decode, target_verify, eagle_draft, ...), counted
+# with CUDA events when the server runs with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 and --enable-metrics (0.5.16:
+# observability/metrics_collector.py forward_execution_seconds_total, utils/device_timer.py).
+FORWARD_SECONDS = "sglang:forward_execution_seconds_total"
+
+
+def forward_seconds(before: Scrape, after: Scrape) -> tuple[dict[str, float] | None, str]:
+    """The level's GPU-busy seconds per forward category: per category, the busiest rank's growth (a rank's series is
+    its labels but the category). (None, "") when the server exports no such counter; (None, why) when one went down
+    (a restart) or is not a finite number."""
+    grew: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    was = {s.labels: s.value for s in before.series(FORWARD_SECONDS)}
+    for sample in after.series(FORWARD_SECONDS):
+        labels = dict(sample.labels)
+        category = labels.pop("category", "")
+        delta = sample.value - was.get(sample.labels, 0.0)
+        if not category or not math.isfinite(delta) or delta < 0:
+            return None, f"{FORWARD_SECONDS}{{category={category!r}}} went down or is not a number (restart?)"
+        grew.setdefault(category, {})[tuple(sorted(labels.items()))] = delta
+    if not grew:
+        return None, ""
+    return {category: max(ranks.values()) for category, ranks in sorted(grew.items())}, ""
+
+
 def draft_positions(family: SpecFamily, scrape: Scrape) -> int | None:
     """Draft tokens per verify step as the number of per-position acceptance series (llama.cpp: the draft max)."""
     if not family.per_pos:
