@@ -32,9 +32,10 @@
 #   envelope-spread-a, envelope-spread-b  the same with each request's output length uniform in 128 x (1 +- 0.5)
 #             (SM120KIT_ENVELOPE_SPREAD), in two calls: the base and 7-step sweeps; the policy server planned from
 #             them and the verdict (about 6.5 and 3.5 minutes)
-#   envelope-repeat-a, envelope-repeat-b  fixed lengths, SM120KIT_ENVELOPE_REPEATS=2 sweeps per server in its one start
-#             (the curves are their means, the record keeps each sweep and their spread): the base and 7-step
-#             servers; then the policy server planned from them and the verdict (about 8 and 5 minutes)
+#   envelope-repeat-a, -b, -c  fixed lengths, SM120KIT_ENVELOPE_REPEATS=2 sweeps per server in its one start (the
+#             curves are their means, the record keeps each sweep and their spread), one server a call: the base
+#             server, the 7-step server, then the policy server planned from them and the verdict (about 5 minutes
+#             each)
 #   pcie-ipc-jit  issue #38 on one GPU: FlashInfer's pcie_ipc_comm JIT-built cold for 9.0a and 12.0f (sm_120, compile
 #             only) into fresh workspaces, then the doctor's flashinfer_jit (about 1 minute); the off case is
 #             server-base's verify-launch (allreduce_backend default on the 0.5.16 server)
@@ -207,10 +208,16 @@ phase_envelope_spread_b() {
 phase_envelope_repeat_a() {
   export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
   SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
-    PYTEST_K="TestEnvelopeCurves and (base or spec-7)" phase_gputests
+    PYTEST_K="TestEnvelopeCurves and base" phase_gputests
 }
 
 phase_envelope_repeat_b() {
+  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
+  SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
+    PYTEST_K="TestEnvelopeCurves and spec-7" phase_gputests
+}
+
+phase_envelope_repeat_c() {
   export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
   SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
     PYTEST_K="test_sweep_the_policy_server or test_the_policy_is_on_the_envelope" phase_gputests
