@@ -161,9 +161,12 @@ phase_switch() {
   GPU_TESTS=tests/gpu/test_sglang_switch.py GPU_TIMEOUT=${GPU_TIMEOUT:-560} phase_gputests
 }
 
+envelope_tests() {  # $1: pytest -k; the servers count their GPU seconds per forward kind (bench records them)
+  SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 GPU_TESTS=tests/gpu/test_sglang_envelope.py PYTEST_K="$1" phase_gputests
+}
+
 phase_envelope_a() {
-  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
-  GPU_TESTS=tests/gpu/test_sglang_envelope.py PYTEST_K="TestEnvelopeCurves and not spec-7" phase_gputests
+  envelope_tests "TestEnvelopeCurves and not spec-7"
 }
 
 phase_soak_base() {
@@ -183,44 +186,31 @@ phase_soak_load() {
 }
 
 phase_envelope_b() {
-  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
-  GPU_TESTS=tests/gpu/test_sglang_envelope.py PYTEST_K="spec-7 or test_sweep_the_policy_server" phase_gputests
+  envelope_tests "spec-7 or test_sweep_the_policy_server"
 }
 
 phase_envelope_c() {
-  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
-  GPU_TESTS=tests/gpu/test_sglang_envelope.py \
-    PYTEST_K="test_sweep_sglangs_adaptive_mode or test_the_policy_is_on_the_envelope" phase_gputests
+  envelope_tests "test_sweep_sglangs_adaptive_mode or test_the_policy_is_on_the_envelope"
 }
 
 phase_envelope_spread_a() {
-  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
-  SM120KIT_ENVELOPE_SPREAD=${SM120KIT_ENVELOPE_SPREAD:-0.5} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
-    PYTEST_K="TestEnvelopeCurves and (base or spec-7)" phase_gputests
+  SM120KIT_ENVELOPE_SPREAD=${SM120KIT_ENVELOPE_SPREAD:-0.5} envelope_tests "TestEnvelopeCurves and (base or spec-7)"
 }
 
 phase_envelope_spread_b() {
-  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
-  SM120KIT_ENVELOPE_SPREAD=${SM120KIT_ENVELOPE_SPREAD:-0.5} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
-    PYTEST_K="test_sweep_the_policy_server or test_the_policy_is_on_the_envelope" phase_gputests
+  SM120KIT_ENVELOPE_SPREAD=${SM120KIT_ENVELOPE_SPREAD:-0.5} envelope_tests "test_sweep_the_policy_server or test_the_policy_is_on_the_envelope"
 }
 
 phase_envelope_repeat_a() {
-  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
-  SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
-    PYTEST_K="TestEnvelopeCurves and base" phase_gputests
+  SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} envelope_tests "TestEnvelopeCurves and base"
 }
 
 phase_envelope_repeat_b() {
-  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
-  SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
-    PYTEST_K="TestEnvelopeCurves and spec-7" phase_gputests
+  SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} envelope_tests "TestEnvelopeCurves and spec-7"
 }
 
 phase_envelope_repeat_c() {
-  export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1  # GPU seconds per forward kind in /metrics
-  SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} GPU_TESTS=tests/gpu/test_sglang_envelope.py \
-    PYTEST_K="test_sweep_the_policy_server or test_the_policy_is_on_the_envelope" phase_gputests
+  SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} envelope_tests "test_sweep_the_policy_server or test_the_policy_is_on_the_envelope"
 }
 
 phase_pcie_ipc_jit() {

@@ -44,8 +44,7 @@ ENVELOPE = 0.05
 # curves this machine start measured, and the verdict compares with SGLang's adaptive mode only where it was swept.
 SPREAD = os.environ.get("SM120KIT_ENVELOPE_SPREAD", "0")
 # SM120KIT_ENVELOPE_REPEATS (1-5): sweeps per server in its one start; the curves are their means per level and the
-# record keeps every sweep and the spread between them (one sweep varied by up to 20 % at a level between two
-# sweeps of one launch, docs/validation/2026-12-06-h100-envelope: more than the 5 % target).
+# record keeps every sweep and the spread between them, so a miss can be told from the sweeps' own noise.
 REPEATS = int(os.environ.get("SM120KIT_ENVELOPE_REPEATS", "1"))
 if not 1 <= REPEATS <= 5:
     raise ValueError(f"SM120KIT_ENVELOPE_REPEATS={REPEATS}: expected 1 to 5 sweeps per server")

@@ -163,7 +163,7 @@ def test_a_module_the_installed_flashinfer_lacks_names_its_version_and_the_relea
 ) -> None:
     """FlashInfer 0.6.14 (SGLang 0.5.16's pin, the GPU machine's carry) has no pcie_ipc_comm generator: the error
     names the installed version and the module's release. A stand-in package replaces the import (the real 0.6.14
-    wheel is not in CI's indexes); docs/validation/2026-12-06-h100-envelope-2 has the real message."""
+    wheel is not in CI's indexes; the GPU machine's carry has it)."""
     import sys
     import types
 

@@ -299,16 +299,46 @@ def test_the_next_server_finds_the_port_free_after_a_child_that_ignored_sigterm(
     assert port_owner.listeners(port) == () and not server_pids.group_running(server.proc.pid)
 
 
+def recording_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """A venv whose python is a stand-in that writes its arguments, then the environment it was given, to a file."""
+    venv, seen = tmp_path / "venv", tmp_path / "seen.txt"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\n{{ printf "%s\\n" "$@"; env; }} > {seen}\n')
+    (venv / "bin" / "python").chmod(0o755)
+    return venv, seen
+
+
+@pytest.mark.parametrize(
+    ("phase", "env", "selection"),
+    [
+        ("envelope-a", "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1", "TestEnvelopeCurves and not spec-7"),
+        ("envelope-repeat-a", "SM120KIT_ENVELOPE_REPEATS=2", "TestEnvelopeCurves and base"),
+        ("envelope-spread-b", "SM120KIT_ENVELOPE_SPREAD=0.5", "test_sweep_the_policy_server or test_the_policy_is_on"),
+    ],
+)
+def test_the_envelope_phases_pass_their_settings_to_pytest(
+    tmp_path: Path, state_file: Path, phase: str, env: str, selection: str
+) -> None:
+    """Each envelope phase runs the envelope file with its -k selection, SGLang's device timer on and its own
+    setting in pytest's environment (the servers inherit it); the stand-in python records what it was given."""
+    venv, seen = recording_venv(tmp_path)
+    (tmp_path / "out").mkdir()
+    environ = {**os.environ, "VENV": str(venv), "OUT": str(tmp_path / "out"), "SM120KIT_SERVER_STATE": str(state_file)}
+    for name in ("GPU_TESTS", "PYTEST_K", "SM120KIT_ENVELOPE_REPEATS", "SM120KIT_ENVELOPE_SPREAD"):
+        environ.pop(name, None)
+    run = subprocess.run(["bash", str(SCRIPT), phase], capture_output=True, text=True, env=environ, timeout=120)
+    lines = seen.read_text().splitlines() if seen.exists() else []
+    assert "tests/gpu/test_sglang_envelope.py" in lines, run.stdout + run.stderr
+    assert any(line.startswith(selection) for line in lines), lines[:20]
+    assert "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1" in lines and env in lines
+
+
 @pytest.mark.parametrize("phase", ["gputests", "server-base", "server-spec"])
 def test_the_quick_phases_never_run_the_long_gpu_files(tmp_path: Path, state_file: Path, phase: str) -> None:
-    """The quick phases name their test files: the sweeps and soaks (many minutes each) run only in their own phases
-    (server-base once ran the envelope sweeps and hit its timeout before reaching the server tests). The venv's
-    python is a stand-in that records its arguments."""
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    args = tmp_path / "args.txt"
-    (venv / "bin" / "python").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {args}\n')
-    (venv / "bin" / "python").chmod(0o755)
+    """The quick phases name their test files: the sweeps and soaks (many minutes each) run only in their own phases,
+    so a quick phase reaches the server tests within its timeout. The venv's python is a stand-in that records its
+    arguments."""
+    venv, args = recording_venv(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "VENV": str(venv), "OUT": str(out), "SM120KIT_SERVER_STATE": str(state_file)}

@@ -90,8 +90,8 @@ def test_a_run_without_the_driver_check_does_not_ask_nvml(
 def test_a_check_that_reads_the_gpu_list_asks_nvml_when_run_alone(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, check: str
 ) -> None:
-    """`doctor --select flashinfer_jit` on a GPU box said "no GPU seen" (NVML was asked only with the driver check in
-    the run; docs/validation/2026-12-06-h100-envelope-2): a check that declares `needs_nvml` gets NVML's list."""
+    """Run alone (no driver check in the run), a check that declares `needs_nvml` still gets NVML's list, asked
+    once: on a GPU box `doctor --select flashinfer_jit` must not say "no GPU seen"."""
     asked: list[str] = []
 
     def run_probe(module: str, *args: Any, **kwargs: Any) -> child.ChildOutcome:

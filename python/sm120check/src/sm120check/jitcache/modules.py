@@ -8,6 +8,7 @@ narrows it to what a FlashInfer release provides for a node's GPUs. Only `spec_f
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +83,7 @@ def spec_for(name: str) -> Any:
     package, generator = _generator(name)
     imported = importlib.import_module(package)
     if not hasattr(imported, generator):
-        version = getattr(importlib.import_module("flashinfer"), "__version__", "of unknown version")
+        version = getattr(sys.modules.get("flashinfer"), "__version__", "of unknown version")
         known = REGISTRY.get(name)
         needs = f" ({known.purpose})" if known else ""
         raise ValueError(
