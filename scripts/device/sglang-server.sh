@@ -36,6 +36,10 @@
 #             curves are their means, the record keeps each sweep and their spread), one server a call: the base
 #             server, the 7-step server, then the policy server planned from them and the verdict (about 5 minutes
 #             each)
+#   envelope-gap  the plain server and the switch-7 launch (plain from SM120KIT_ENVELOPE_PLAIN_FROM, default 57) at
+#             C=30, 70, 100, 250 only, SM120KIT_ENVELOPE_REPEATS=2 sweeps each, in one call: gap.json holds each level's
+#             rates and GPU milliseconds per output token by forward kind, and the share of the level the GPU did not
+#             compute (about 6 minutes)
 #   pcie-ipc-jit  issue #38 on one GPU: FlashInfer's pcie_ipc_comm JIT-built cold for 9.0a and 12.0f (sm_120, compile
 #             only) into fresh workspaces, then the doctor's flashinfer_jit (about 1 minute); the off case is
 #             server-base's verify-launch (allreduce_backend default on the 0.5.16 server)
@@ -211,6 +215,10 @@ phase_envelope_repeat_b() {
 
 phase_envelope_repeat_c() {
   SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} envelope_tests "test_sweep_the_policy_server or test_the_policy_is_on_the_envelope"
+}
+
+phase_envelope_gap() {
+  SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} envelope_tests "TestEnvelopeGap"
 }
 
 phase_pcie_ipc_jit() {

@@ -59,14 +59,14 @@ def patched() -> Iterator[Patched]:
     sm120check("sglang", "patch", "--revert")
 
 
-def sweep(server: Server, label: str) -> None:
+def sweep(server: Server, label: str, levels: tuple[int, ...] = LEVELS) -> None:
     SWEEPS.mkdir(parents=True, exist_ok=True)
     out = SWEEPS / f"{label}.jsonl"
     out.unlink(missing_ok=True)
     tables = []
     for repeat in range(REPEATS):  # every sweep appends its levels to `out`
         run = sm120check(
-            "bench", "--url", server.url, "--concurrency", ",".join(map(str, LEVELS)), "--duration", str(LEVEL_S),
+            "bench", "--url", server.url, "--concurrency", ",".join(map(str, levels)), "--duration", str(LEVEL_S),
             "--input-len", "64", "--output-len", "128", "--min-lifetimes", str(LIFETIMES),
             "--label", label if repeat == 0 else f"{label}-r{repeat + 1}",
             "--out", str(out), "--level-timeout", "120", "--output-len-spread", SPREAD, "--quiet",
@@ -98,13 +98,22 @@ def sweeps_of(label: str) -> dict[int, list[float]]:
 
 def gpu_busy(label: str) -> dict[str, dict[str, float]]:
     """Per level, the last sweep's GPU seconds per forward kind (bench's server_forward_seconds) and its wall time."""
-    out: dict[str, dict[str, float]] = {}
+    return {str(c): rows[-1] for c, rows in gpu_busy_per_sweep(label).items()}
+
+
+def gpu_busy_per_sweep(label: str) -> dict[int, list[dict[str, float]]]:
+    """Per level, every sweep's GPU seconds per forward kind, its wall time and its output tokens, in sweep order."""
+    out: dict[int, list[dict[str, float]]] = {}
     for line in (SWEEPS / f"{label}.jsonl").read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            busy = row.get("server_forward_seconds") or {}
+            busy = {k: float(v) for k, v in (row.get("server_forward_seconds") or {}).items()}
             wall = float(row["level_ended_epoch"]) - float(row["level_started_epoch"])
-            out[str(row["concurrency"])] = {**{k: float(v) for k, v in busy.items()}, "level_wall_s": round(wall, 3)}
+            every = row.get("per_request") or []  # the level's every request, ramp and drain included
+            tokens = sum(int(r["output_tokens"]) for r in every) if every else int(row["output_tokens"])
+            out.setdefault(int(row["concurrency"]), []).append(
+                {**busy, "level_wall_s": round(wall, 3), "output_tokens": round(tokens)}
+            )
     return out
 
 
@@ -229,6 +238,72 @@ class TestEnvelopePolicy:
         save("envelope-verdict.json", record)
         if importlib.util.find_spec("matplotlib") is not None:
             plot(table, OUT / "curves.png")
+        assert not misses, misses
+
+
+# The gap phase: the plain server against the switch-7 launch at the levels above the crossing only, with each level's
+# GPU seconds per forward kind, so a policy that falls short of the plain server there is told apart: GPU work it adds
+# (extend, decode) or host time between forwards (the wall time the GPU did not compute).
+GAP_LEVELS = (30, 70, 100, 250)
+PLAIN_FROM = int(os.environ.get("SM120KIT_ENVELOPE_PLAIN_FROM", "57"))  # the crossing of 2026-12-06-h100-envelope-2
+
+
+class TestEnvelopeGap:
+    @pytest.mark.parametrize("name", ["gap-base", "gap-policy"])
+    def test_sweep_above_the_crossing(self, patched: Patched, name: str) -> None:
+        write_models("spec.txt")
+        SWEEPS.mkdir(parents=True, exist_ok=True)
+        launch = LAUNCH / "base.txt"
+        if name == "gap-policy":
+            env = (LAUNCH / "switch-7.env").read_text(encoding="utf-8")
+            threshold = f'SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="{PLAIN_FROM}"'
+            (SWEEPS / "gap-policy.env").write_text(
+                env.replace('SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="30"', threshold), encoding="utf-8"
+            )
+            launch = SWEEPS / "gap-policy.txt"
+            launch.write_text((LAUNCH / "switch-7.txt").read_text(), encoding="utf-8")
+        for server in start(f"envelope-{name}", launch):
+            sweep(server, name, GAP_LEVELS)
+        assert set(curve(name)) == set(GAP_LEVELS)
+        found = switch_of(name)
+        if name == "gap-policy":  # every batch at or above the threshold ran plain, none below it
+            assert found is not None, "the policy server's log has no count line of the switch"
+            plain = {int(b) for b in found["plain"]}
+            assert plain and min(plain) >= PLAIN_FROM, found
+            assert all(int(b) < PLAIN_FROM for b in found["speculative"]), found
+        else:
+            assert found is None or not found["plain"], found
+
+    def test_the_policy_keeps_the_plain_servers_rate_above_the_crossing(self) -> None:
+        base, policy = sweeps_of("gap-base"), sweeps_of("gap-policy")
+        busy = {n: gpu_busy_per_sweep(n) for n in ("gap-base", "gap-policy")}
+
+        def per_token(rows: list[dict[str, float]]) -> dict[str, float]:
+            """GPU milliseconds per output token by forward kind, and the host share (wall the GPU did not compute),
+            summed over the sweeps."""
+            tokens = sum(r["output_tokens"] for r in rows) or 1.0
+            kinds = {k for r in rows for k in r} - {"level_wall_s", "output_tokens"}
+            out = {k: round(1000 * sum(r.get(k, 0.0) for r in rows) / tokens, 4) for k in sorted(kinds)}
+            wall = sum(r["level_wall_s"] for r in rows)
+            gpu = sum(sum(v for k, v in r.items() if k in kinds) for r in rows)
+            out["wall_ms"] = round(1000 * wall / tokens, 4)
+            out["not_computing_share"] = round(1 - gpu / wall, 4) if wall else 0.0
+            return out
+
+        levels = {}
+        misses = []
+        for c in GAP_LEVELS:
+            mean_b, mean_p = sum(base[c]) / len(base[c]), sum(policy[c]) / len(policy[c])
+            levels[str(c)] = {
+                "base_tok_s": base[c],
+                "policy_tok_s": policy[c],
+                "policy_over_base": round(mean_p / mean_b, 4),
+                "base_per_token": per_token(busy["gap-base"][c]),
+                "policy_per_token": per_token(busy["gap-policy"][c]),
+            }
+            if c >= PLAIN_FROM and mean_p < (1 - ENVELOPE) * mean_b:
+                misses.append(f"C={c}: policy {mean_p:.0f} < 95 % of the plain server's {mean_b:.0f}: {levels[str(c)]}")
+        save("gap.json", {"plain_from": PLAIN_FROM, "sweeps_per_server": REPEATS, "levels": levels, "misses": misses})
         assert not misses, misses
 
 
