@@ -40,9 +40,12 @@
 #             C=30, 70, 100, 250 only, SM120KIT_ENVELOPE_REPEATS=2 sweeps each, in one call: gap.json holds each level's
 #             rates and GPU milliseconds per output token by forward kind, and the share of the level the GPU did not
 #             compute (about 6 minutes)
-#   pcie-ipc-jit  issue #38 on one GPU: FlashInfer's pcie_ipc_comm JIT-built cold for 9.0a and 12.0f (sm_120, compile
-#             only) into fresh workspaces, then the doctor's flashinfer_jit (about 1 minute); the off case is
-#             server-base's verify-launch (allreduce_backend default on the 0.5.16 server)
+#   jit-venv  $JIT_VENV (default /tmp/jit-venv) from the JIT parts carried in earlier calls of this warm machine
+#             (scripts/device/jit_carry.py: FlashInfer 0.7.2, tvm-ffi and ninja whole, over $VENV): every part checked,
+#             joined and installed
+#   pcie-ipc-jit  issue #38 on one GPU, in $JIT_VENV: FlashInfer's pcie_ipc_comm JIT-built cold for 9.0a and 12.0f
+#             (sm_120, compile only) into fresh workspaces, then the doctor's flashinfer_jit (about 1 minute); the off
+#             case is server-base's verify-launch (allreduce_backend default on the 0.5.16 server)
 #   soak-base, soak-killed, soak-spec  issue #37's soak record (tests/gpu/test_sglang_soak.py): the base server held at
 #             SOAK_C=64 for SOAK_S=300 s (about 8 minutes with the server's start); the base server killed 40 s into
 #             a 90 s soak (about 3); the EAGLE-3 server at SOAK_SPEC_C=8 for SOAK_S s (about 8); soak-load: no server,
@@ -69,6 +72,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 out=${OUT:-$(mktemp -d)}
 VENV=${VENV:-/tmp/sglang-venv}
+JIT_VENV=${JIT_VENV:-/tmp/jit-venv}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$root/python/sm120check/src:$root/tests"
@@ -221,17 +225,27 @@ phase_envelope_gap() {
   SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} envelope_tests "TestEnvelopeGap"
 }
 
+phase_jit_venv() {
+  log "jit-venv: the carried JIT parts joined into $JIT_VENV, on top of $VENV"
+  timeout 300 python3 scripts/device/jit_carry.py install --venv "$JIT_VENV" --on-top "$VENV"
+}
+
 phase_pcie_ipc_jit() {
   log "pcie-ipc-jit: FlashInfer's pcie_ipc_comm built cold for sm_90a and sm_120 (compile only), then the doctor's view"
   local dir="$out/pcie-ipc-jit" rc=0 arch
+  local py="$JIT_VENV/bin/python"
+  [[ -x $py ]] || { log "pcie-ipc-jit: no $py: carry the JIT parts and run the jit-venv phase first"; return 1; }
   mkdir -p "$dir"
+  "$py" -c 'import flashinfer, tvm_ffi; print("flashinfer", flashinfer.__version__, "tvm_ffi", tvm_ffi.__version__)' \
+    2>&1 | tee "$dir/versions.txt"
   for arch in 9.0a 12.0f; do
-    FLASHINFER_WORKSPACE_BASE="/tmp/fiws-${arch}" timeout 300 "$VENV/bin/python" -m sm120check.jitcache build --json \
-      --arch-list "$arch" --modules pcie_ipc_comm > "$dir/build-${arch}.json" 2> "$dir/build-${arch}.err" || rc=1
+    PATH="$JIT_VENV/bin:$PATH" FLASHINFER_WORKSPACE_BASE="/tmp/fiws-${arch}" timeout 300 "$py" -m sm120check.jitcache \
+      build --json --arch-list "$arch" --modules pcie_ipc_comm > "$dir/build-${arch}.json" 2> "$dir/build-${arch}.err" \
+      || rc=1
     tail -c 1500 "$dir/build-${arch}.json"
   done
-  FLASHINFER_WORKSPACE_BASE=/tmp/fiws-9.0a timeout 120 "$VENV/bin/python" -m sm120check doctor --select flashinfer_jit \
-    > "$dir/doctor-flashinfer-jit.txt" 2>&1
+  PATH="$JIT_VENV/bin:$PATH" FLASHINFER_WORKSPACE_BASE=/tmp/fiws-9.0a timeout 120 "$py" -m sm120check doctor \
+    --select flashinfer_jit > "$dir/doctor-flashinfer-jit.txt" 2>&1
   cat "$dir/doctor-flashinfer-jit.txt"
   return $rc
 }

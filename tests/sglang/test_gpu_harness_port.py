@@ -352,3 +352,15 @@ def test_the_quick_phases_never_run_the_long_gpu_files(tmp_path: Path, state_fil
     long_files = {"test_sglang_policy.py", "test_sglang_envelope.py", "test_sglang_switch.py", "test_sglang_soak.py"}
     assert not {Path(f).name for f in files} & long_files, files
     assert "tests/gpu/test_sglang_server.py" in files
+
+
+def test_the_jit_phase_without_its_venv_fails_naming_the_parts_and_phase(tmp_path: Path, state_file: Path) -> None:
+    """pcie-ipc-jit runs in the JIT venv made from the carried parts; without it the call fails saying what to do,
+    instead of building with the stack's FlashInfer (which has no pcie_ipc_comm)."""
+    (tmp_path / "out").mkdir()
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SM120KIT_SERVER_STATE": str(state_file)}
+    env |= {"JIT_VENV": str(tmp_path / "no-jit-venv"), "VENV": str(tmp_path / "no-venv")}
+    run = subprocess.run(["bash", str(SCRIPT), "pcie-ipc-jit"], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode != 0
+    assert "carry the JIT parts and run the jit-venv phase first" in run.stdout, run.stdout + run.stderr
+    assert not (tmp_path / "out" / "pcie-ipc-jit").exists()
