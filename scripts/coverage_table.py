@@ -191,7 +191,12 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
     "scripts/device/sglang_stack.py": ("scripts/device/sglang_stack.py",),
     "scripts/device/sglang_imports.py": ("scripts/device/sglang_imports.py", "scripts/device/sglang_stack.py"),
     "scripts/device/render_launch.py": ("scripts/device/render_launch.py", "roles/sglang_server"),
-    "scripts/device/sglang-server.sh": ("scripts/device/sglang-server.sh", "scripts/device/sglang_stack.py"),
+    "scripts/device/sglang-server.sh": (
+        "scripts/device/sglang-server.sh",
+        "scripts/device/sglang_stack.py",
+        "tests/lab/server_pids.py",
+    ),
+    "scripts/device/jit_carry.py": ("scripts/device/jit_carry.py", "scripts/device/sglang_stack.py"),
     "tests/gpu/test_sglang_policy.py": (
         "tests/gpu/test_sglang_policy.py",
         "tests/lab/sglang_gpu.py",

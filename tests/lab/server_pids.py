@@ -4,7 +4,8 @@ tests/lab/sglang_gpu.py records each server it starts (pid, its start time in cl
 line) and removes it once stopped. A pytest killed by its timeout cannot do that: scripts/device/sglang-server.sh
 then runs `python3 tests/lab/server_pids.py stop` (after pytest, from its EXIT/TERM/INT trap, and before each run),
 which stops each recorded server whose pid still runs the recorded command line from the recorded start, and
-nothing else: a pid reused by another process is left alone.
+nothing else: a pid reused by another process is left alone. Each stop then waits (bounded) until nvidia-smi lists
+none of the stopped group's processes, so the next server finds the GPU memory free.
 
     python3 tests/lab/server_pids.py stop        # stop the servers whose harness is gone, one line per entry
     python3 tests/lab/server_pids.py stop --all  # and those of a harness still running (the script's trap)
@@ -16,7 +17,9 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -26,6 +29,9 @@ from pathlib import Path
 STATE = Path(os.environ.get("SM120KIT_SERVER_STATE") or "/tmp/sm120kit-gpu-servers.json")
 MAX_STATE_BYTES = 1 << 20
 STOP_WAIT_S = 30.0
+# After the group is gone, how long to wait for the GPU to stop listing its processes (the driver can hold a dead
+# server's memory for seconds: the next server would start short of it).
+GPU_RELEASE_WAIT_S = float(os.environ.get("SM120KIT_GPU_RELEASE_WAIT_S") or 60)
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,48 @@ def _stop_group(pid: int) -> None:
             time.sleep(0.2)
 
 
+def group_pids(pgid: int) -> set[int]:
+    """Every process of the group, zombies included."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError):
+            fields = stat.read_text(errors="replace").rpartition(")")[2].split()
+            if len(fields) > 2 and fields[2] == str(pgid):
+                found.add(int(stat.parent.name))
+    return found
+
+
+def gpu_pids() -> set[int] | None:
+    """The pids nvidia-smi lists as GPU compute processes (None: no nvidia-smi, or it did not answer)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    cmd = ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if run.returncode != 0:
+        return None
+    return {int(line) for line in run.stdout.split() if line.strip().isdigit()}
+
+
+def wait_gpu_released(pids: set[int], wait_s: float | None = None) -> str:
+    """Wait (bounded: GPU_RELEASE_WAIT_S) until the GPU lists none of `pids`; what was seen, for the stop's line."""
+    wait_s = GPU_RELEASE_WAIT_S if wait_s is None else wait_s
+    started = time.monotonic()
+    while True:
+        listed = gpu_pids()
+        if listed is None:
+            return "GPU not queried (no nvidia-smi answer)"
+        held = sorted(pids & listed)
+        waited = time.monotonic() - started
+        if not held:
+            return f"its GPU memory released after {waited:.1f} s"
+        if waited >= wait_s:
+            return f"the GPU still lists pids {held} after {wait_s:.0f} s: the next server may start short of memory"
+        time.sleep(0.5)
+
+
 def group_running(pgid: int) -> bool:
     """Whether a process of the group still runs (zombies, reaped by whoever adopted them, do not count)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -152,8 +200,10 @@ def stop_recorded(everything: bool = False) -> list[str]:
                 whose = (
                     "its harness still runs" if _harness_alive(entry) else f"its harness (pid {entry.by[0]}) is gone"
                 )
+                members = group_pids(entry.pid) | {entry.pid}
                 _stop_group(entry.pid)
-                said.append(f"stopped pid {entry.pid} and its process group, {whose} ({shown})")
+                released = wait_gpu_released(members)
+                said.append(f"stopped pid {entry.pid} and its process group, {whose}; {released} ({shown})")
         entries[:] = kept
     return said
 

@@ -172,8 +172,51 @@ def test_a_killed_harness_leaves_its_server_to_the_next_stop(tmp_path: Path, sta
         harness.kill()  # as GPU_TIMEOUT's kill leaves it: no finally ran
         harness.wait(timeout=10)
         (line,) = server_pids.stop_recorded()
-        assert line.startswith(f"stopped pid {server} and its process group, its harness (pid {harness.pid}) is gone (")
+        assert line.startswith(f"stopped pid {server} and its process group, its harness (pid {harness.pid}) is gone; ")
         assert not alive(server) and server_pids.recorded() == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server, 9)
+
+
+def fake_nvidia_smi(tmp_path: Path, listed_calls: int) -> Path:
+    """A stand-in for nvidia-smi (no GPU here): `--query-compute-apps=pid` lists the pids in tmp_path/pids.txt for its
+    first `listed_calls` calls, then none, as the driver does while it tears down a dead server's context."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "nvidia-smi"
+    calls = tmp_path / "calls"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"echo x >> {calls}\n"
+        f'[ "$(wc -l < {calls})" -le {listed_calls} ] && cat {tmp_path / "pids.txt"}\n'
+        "exit 0\n"
+    )
+    script.chmod(0o755)
+    return bindir
+
+
+@pytest.mark.parametrize(("listed_calls", "said"), [(3, "its GPU memory released after"), (10**6, "still lists")])
+def test_the_stop_waits_for_the_gpu_to_release_the_servers_memory(
+    tmp_path: Path, state_file: Path, monkeypatch: pytest.MonkeyPatch, listed_calls: int, said: str
+) -> None:
+    """The killed server's processes can stay listed by the GPU for seconds after they exit, holding its memory: the
+    stop waits until they are gone (bounded), or says the next server may start short of memory."""
+    env = {**os.environ, "SM120KIT_SERVER_STATE": str(state_file), "PYTHONPATH": os.pathsep.join(sys.path)}
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS], stdout=subprocess.PIPE, text=True, env=env)
+    assert harness.stdout is not None
+    server = int(harness.stdout.readline())
+    try:
+        (tmp_path / "pids.txt").write_text(f"{server}\n")
+        monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path, listed_calls)}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setattr(server_pids, "GPU_RELEASE_WAIT_S", 2.0)
+        harness.kill()
+        harness.wait(timeout=10)
+        (line,) = server_pids.stop_recorded()
+        assert said in line, line
+        if listed_calls > 3:
+            assert f"the GPU still lists pids [{server}] after 2 s: the next server may start short of memory" in line
+        assert not alive(server)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server, 9)
