@@ -146,20 +146,23 @@ def gpu_pids() -> set[int] | None:
     return {int(line) for line in run.stdout.split() if line.strip().isdigit()}
 
 
-def wait_gpu_released(pids: set[int], wait_s: float | None = None) -> str:
-    """Wait (bounded: GPU_RELEASE_WAIT_S) until the GPU lists none of `pids`; what was seen, for the stop's line."""
+def wait_gpu_released(pids: set[int], wait_s: float | None = None) -> tuple[list[int], str]:
+    """Wait (bounded: GPU_RELEASE_WAIT_S) until the GPU lists none of `pids`: those still listed, and what was seen."""
     wait_s = GPU_RELEASE_WAIT_S if wait_s is None else wait_s
     started = time.monotonic()
     while True:
         listed = gpu_pids()
         if listed is None:
-            return "GPU not queried (no nvidia-smi answer)"
+            return [], "GPU not queried (no nvidia-smi answer)"
         held = sorted(pids & listed)
         waited = time.monotonic() - started
         if not held:
-            return f"its GPU memory released after {waited:.1f} s"
+            return [], f"its GPU memory released after {waited:.1f} s"
         if waited >= wait_s:
-            return f"the GPU still lists pids {held} after {wait_s:.0f} s: the next server may start short of memory"
+            return (
+                held,
+                f"the GPU still lists pids {held} after {wait_s:.0f} s: the next server may start short of memory",
+            )
         time.sleep(0.5)
 
 
@@ -202,7 +205,7 @@ def stop_recorded(everything: bool = False) -> list[str]:
                 )
                 members = group_pids(entry.pid) | {entry.pid}
                 _stop_group(entry.pid)
-                released = wait_gpu_released(members)
+                _, released = wait_gpu_released(members)
                 said.append(f"stopped pid {entry.pid} and its process group, {whose}; {released} ({shown})")
         entries[:] = kept
     return said

@@ -260,6 +260,22 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
             time.sleep(0.2)
 
 
+def refuse_busy_gpu(name: str) -> None:
+    """Before a server starts: processes on the GPU (a server of another call, or one whose memory the driver has not
+    released yet) are waited for, bounded, and then named; a server started beside them loads short of memory."""
+    # this pytest's own CUDA context (a GPU test before this one) is no server
+    listed = (server_pids.gpu_pids() or set()) - {os.getpid()}
+    if not listed:
+        return
+    held, seen = server_pids.wait_gpu_released(listed)
+    if held:
+        pytest.fail(
+            f"the {name} server was not started: {seen}. Stop those processes (`python3 tests/lab/server_pids.py "
+            "stop --all` stops the servers this harness recorded; `nvidia-smi --query-compute-apps=pid,used_memory "
+            "--format=csv` lists them)"
+        )
+
+
 def start(name: str, launch: Path, wait: dict[str, Any] | None = None) -> Generator[Server, None, None]:
     """Start the server from the role's launch command and its environment file (NAME.env beside NAME.txt), and wait
     as the role does (its health URL, retries x delay), polling more often; stop its whole process group afterwards.
@@ -274,6 +290,7 @@ def start(name: str, launch: Path, wait: dict[str, Any] | None = None) -> Genera
     for line in server_pids.stop_recorded():  # what an earlier call killed before its cleanup left
         print(f"server_pids: {line}", file=sys.stderr)
     refuse_held_port(name, port)
+    refuse_busy_gpu(name)
     log = OUT / f"{name}.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -104,6 +104,42 @@ def test_a_port_held_by_another_process_fails_before_the_server_starts(
     assert not marker.exists()  # the launch never ran
 
 
+def test_a_gpu_still_holding_other_processes_fails_before_the_server_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process the GPU still lists (another call's server, or a dead one whose memory the driver holds) is waited
+    for, bounded, then named: a server started beside it would load short of memory."""
+    marker = tmp_path / "launched"
+    launch = launch_file(tmp_path, [sys.executable, "-c", f"open('{marker}','w')"])
+    (tmp_path / "pids.txt").write_text("4242\n")
+    monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path, 10**6)}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(server_pids, "GPU_RELEASE_WAIT_S", 1.0)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        next(sglang_gpu.start("base", launch, wait_for(free_port())))
+    message = str(failed.value)
+    assert "the base server was not started: the GPU still lists pids [4242] after 1 s" in message, message
+    assert "nvidia-smi --query-compute-apps=pid,used_memory --format=csv" in message
+    assert not marker.exists()  # the launch never ran
+
+
+def test_a_gpu_that_releases_its_memory_in_time_lets_the_server_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    (tmp_path / "server.py").write_text(SERVER)
+    launch = launch_file(tmp_path, [sys.executable, str(tmp_path / "server.py"), str(port)])
+    (tmp_path / "pids.txt").write_text("4242\n")
+    monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path, 3)}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(server_pids, "GPU_RELEASE_WAIT_S", 30.0)
+    servers = sglang_gpu.start("base", launch, wait_for(port))
+    server = next(servers)
+    try:
+        assert server.proc.poll() is None and (tmp_path / "calls").read_text().count("x") >= 4
+    finally:
+        servers.close()
+    assert server.proc.poll() is not None
+
+
 def test_the_harness_takes_healthy_from_its_own_server_and_records_it_until_stopped(
     tmp_path: Path, state_file: Path
 ) -> None:
