@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from lab import crossing, decode_log
+from lab.gpu_seconds import per_token
 from lab.sglang_gpu import LAUNCH, MARKS, OUT, Patched, Server, patch_tree, save, sm120check, start, write_models
 from sm120check.bench import tiers
 from sm120check.sglang import plain_decode
@@ -277,18 +278,6 @@ class TestEnvelopeGap:
     def test_the_policy_keeps_the_plain_servers_rate_above_the_crossing(self) -> None:
         base, policy = sweeps_of("gap-base"), sweeps_of("gap-policy")
         busy = {n: gpu_busy_per_sweep(n) for n in ("gap-base", "gap-policy")}
-
-        def per_token(rows: list[dict[str, float]]) -> dict[str, float]:
-            """GPU milliseconds per output token by forward kind, and the host share (wall the GPU did not compute),
-            summed over the sweeps."""
-            tokens = sum(r["output_tokens"] for r in rows) or 1.0
-            kinds = {k for r in rows for k in r} - {"level_wall_s", "output_tokens"}
-            out = {k: round(1000 * sum(r.get(k, 0.0) for r in rows) / tokens, 4) for k in sorted(kinds)}
-            wall = sum(r["level_wall_s"] for r in rows)
-            gpu = sum(sum(v for k, v in r.items() if k in kinds) for r in rows)
-            out["wall_ms"] = round(1000 * wall / tokens, 4)
-            out["not_computing_share"] = round(1 - gpu / wall, 4) if wall else 0.0
-            return out
 
         levels = {}
         misses = []
