@@ -221,6 +221,7 @@ GPU_SCRIPTS: Mapping[str, tuple[str, ...]] = {
     "tests/gpu/test_sglang_envelope.py": (
         "tests/gpu/test_sglang_envelope.py",
         "tests/lab/sglang_gpu.py",
+        "tests/lab/gpu_seconds.py",
         "tests/gpu/launch",
         f"{_SRC}/sglang",
         f"{_SRC}/bench",
