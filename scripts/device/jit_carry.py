@@ -9,8 +9,8 @@ The parts go in consecutive calls on one warm machine (`carry: [".carry-jit-1"]`
 a call does not carry stays there. Each part's folder holds the whole manifest (jit-carry.json), so `install` checks
 every part's size and sha256, the joined tar's, and each wheel's before anything is written. The venv it makes holds
 the carried wheels whole (FlashInfer's CUTLASS, CCCL and spdlog headers, tvm-ffi's sources, ninja's binary in its
-bin/), then a .pth line to the stack venv's site-packages (SGLang's stack, then the image's torch), so the carried
-wheels shadow the stack's pruned FlashInfer 0.6.14 and tvm-ffi 0.1.11.
+bin/), then the stack venv's site-packages with its own .pth files (SGLang's stack, then the image's torch), so the
+carried wheels shadow the stack's pruned FlashInfer 0.6.14 and tvm-ffi 0.1.11.
 """
 
 from __future__ import annotations
@@ -218,7 +218,8 @@ def install(folders: list[Path], venv: Path, on_top: Path | None) -> None:
         below = on_top / "lib" / version / "site-packages"
         if not below.is_dir():
             raise SystemExit(f"--on-top {on_top}: no {below}; make the stack venv first (the venv phase)")
-        (site / "zz-on-top.pth").write_text(f"{below}\n", encoding="utf-8")
+        # addsitedir, not a bare path: the .pth files there (the stack's line to the image's torch) count too
+        (site / "zz-on-top.pth").write_text(f"import site; site.addsitedir({str(below)!r})\n", encoding="utf-8")
     (site / STAMP).write_text(manifest.tar.sha256 + "\n", encoding="utf-8")
     names = ", ".join(w.file.split("-")[0] + " " + w.file.split("-")[1] for w in manifest.wheels)
     print(f"{venv}: {names}" + (f", then {on_top}" if on_top else ""), flush=True)

@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from types import ModuleType
 
@@ -57,15 +58,25 @@ def parts(wheels: list[Path], tmp_path: Path) -> list[Path]:
 
 
 def test_the_parts_join_into_a_venv_that_runs_the_carried_wheels(parts: list[Path], tmp_path: Path) -> None:
+    """The venv below is laid out as the stack venv is: its site-packages holds a .pth line to a further folder (the
+    image's site-packages, where torch is); the JIT venv must see that folder too."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    stack = tmp_path / "stack-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(stack)], check=True, timeout=120)
+    image = tmp_path / "image-site"
+    (image / "imagemod").mkdir(parents=True)
+    (image / "imagemod" / "__init__.py").write_text("")
+    purelib = sysconfig.get_paths()["purelib"]  # typing_extensions for tvm_ffi, as the image's site has it
+    (stack / "lib" / version / "site-packages" / "zz-image-site.pth").write_text(f"{image}\n{purelib}\n")
     venv = tmp_path / "jit-venv"
-    jit_carry.install(parts, venv, Path(sys.prefix))
+    jit_carry.install(parts, venv, stack)
     py = venv / "bin" / "python"
-    probe = "import tvm_ffi, ninja, pytest; print(tvm_ffi.__file__); print(pytest.__file__)"
+    probe = "import tvm_ffi, ninja, imagemod; print(tvm_ffi.__file__); print(imagemod.__file__)"
     run = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
     tvm_file, below = run.stdout.splitlines()
     assert tvm_file.startswith(str(venv)), "tvm_ffi must come from the carried wheel, not the venv below"
-    assert below.startswith(sys.prefix), "the venv below (--on-top) must follow the carried wheels"
+    assert below.startswith(str(image)), "the stack venv's own .pth lines (the image's torch) must reach the JIT venv"
     ninja = subprocess.run([str(venv / "bin" / "ninja"), "--version"], capture_output=True, text=True, timeout=60)
     assert ninja.stdout.startswith("1.13.2"), "FlashInfer runs `ninja` by name: the wheel's binary must be in bin/"
     again = subprocess.run(
