@@ -7,10 +7,9 @@ PROFILE ?= core
 INVENTORY ?= inventory/localhost.yml
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k doctor"`.
 PYTEST_ARGS ?=
-# `make test` runs the suite in this many pytest-xdist workers: three on two cores (most slow tests wait on podman,
-# Ansible, downloads or llama-server, not on a core; 23 min against 33 with two here). Each file's tests, and the
-# files sharing a converged node or the SGLang releases, stay in one worker (tests/conftest.py). PYTEST_WORKERS=0
-# runs it in one process.
+# `make test` runs the suite in this many pytest-xdist workers, three on two cores (most slow tests wait on podman,
+# Ansible, downloads or llama-server, not on a core). Each file's tests, and the files sharing a converged node or the
+# SGLang releases, stay in one worker (tests/conftest.py). PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 3
 
 .PHONY: help venv dev provision fleet wheelhouse lab llama-server lint test test-fast test-full test-gpu sglang-stack bench readmes clean

@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sglang_stack import CACHE, sha256, wheel_for  # noqa: E402
+from sglang_stack import Wheel as Item  # noqa: E402  (file, bytes, sha256: a wheel, the tar or a part)
 
 PINS = ("flashinfer-python==0.7.2", "apache-tvm-ffi==0.1.15.post2", "ninja==1.13.2")
 PART_MIB = 40  # with the tree (about 8 MiB) well inside the 64 MiB a call carries
@@ -40,13 +41,6 @@ STAMP = ".sm120kit-jit-carry.sha256"
 _SHA = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # a plain file name: no separator, no leading dot
 MAX_BYTES = 1 << 30
-
-
-@dataclass(frozen=True)
-class Item:
-    file: str
-    bytes: int
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -184,16 +178,15 @@ def install_wheel(wheel: Path, site: Path, bindir: Path) -> None:
             if name.startswith("/") or ".." in Path(name).parts:
                 raise SystemExit(f"{wheel.name}: member {name!r} leaves the install folder")
             parts = Path(name).parts
-            if parts[0].endswith(".data") and len(parts) > 2:
-                kind, rest = parts[1], Path(*parts[2:])
-                target = bindir / rest if kind == "scripts" else site / rest
-            else:
-                target = site / name
+            kind = parts[1] if parts[0].endswith(".data") and len(parts) > 2 else ""
+            if kind and kind not in ("scripts", "purelib", "platlib"):
+                raise SystemExit(f"{wheel.name}: member {name!r}: wheel data of kind {kind!r} is not installed here")
+            target = (bindir if kind == "scripts" else site) / Path(*parts[2:]) if kind else site / name
             target.parent.mkdir(parents=True, exist_ok=True)
             with zf.open(info) as src, target.open("wb") as dst:
                 shutil.copyfileobj(src, dst)
             mode = (info.external_attr >> 16) & 0o777
-            if parts[0].endswith(".data") and len(parts) > 2 and parts[1] == "scripts":
+            if kind == "scripts":
                 mode |= 0o755
             if mode:
                 target.chmod(mode)

@@ -246,7 +246,8 @@ class TestEnvelopePolicy:
 # GPU seconds per forward kind, so a policy that falls short of the plain server there is told apart: GPU work it adds
 # (extend, decode) or host time between forwards (the wall time the GPU did not compute).
 GAP_LEVELS = (30, 70, 100, 250)
-PLAIN_FROM = int(os.environ.get("SM120KIT_ENVELOPE_PLAIN_FROM", "57"))  # the crossing of 2026-12-06-h100-envelope-2
+# The switch-7 launch's threshold; the default is the crossing tiers.plan found for the synthetic pair on one GPU.
+PLAIN_FROM = int(os.environ.get("SM120KIT_ENVELOPE_PLAIN_FROM", "57"))
 
 
 class TestEnvelopeGap:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 from types import ModuleType
 
@@ -137,3 +139,19 @@ def test_a_hostile_manifest_is_refused_naming_the_field(
     with pytest.raises(SystemExit, match=rf"not a jit-carry manifest .*{said}.*; build the parts again"):
         jit_carry.join(parts, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("member", "said"),
+    [("../escape.py", "leaves the install folder"), ("pkg-1.0.data/headers/pkg.h", "wheel data of kind 'headers'")],
+)
+def test_a_wheel_member_outside_site_and_bin_is_refused(tmp_path: Path, member: str, said: str) -> None:
+    """A joined wheel is hostile input: a member that leaves its folder, or data this installer has no place for, is
+    named instead of written somewhere it does not belong."""
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(member, "x")
+    site, bindir = tmp_path / "site", tmp_path / "bin"
+    with pytest.raises(SystemExit, match=rf"pkg-1.0-py3-none-any\.whl: member .*{re.escape(said)}"):
+        jit_carry.install_wheel(wheel, site, bindir)
+    assert not site.exists() and not bindir.exists() and not (tmp_path / "escape.py").exists()

@@ -121,15 +121,20 @@ def _stop_group(pid: int) -> None:
             time.sleep(0.2)
 
 
-def group_pids(pgid: int) -> set[int]:
-    """Every process of the group, zombies included."""
-    found = set()
+def _group_states(pgid: int) -> dict[int, str]:
+    """Every process of the group and its state letter (Z: a zombie)."""
+    found = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError):
             fields = stat.read_text(errors="replace").rpartition(")")[2].split()
             if len(fields) > 2 and fields[2] == str(pgid):
-                found.add(int(stat.parent.name))
+                found[int(stat.parent.name)] = fields[0]
     return found
+
+
+def group_pids(pgid: int) -> set[int]:
+    """Every process of the group, zombies included."""
+    return set(_group_states(pgid))
 
 
 def gpu_pids() -> set[int] | None:
@@ -168,12 +173,7 @@ def wait_gpu_released(pids: set[int], wait_s: float | None = None) -> tuple[list
 
 def group_running(pgid: int) -> bool:
     """Whether a process of the group still runs (zombies, reaped by whoever adopted them, do not count)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text(errors="replace").rpartition(")")[2].split()
-            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-                return True
-    return False
+    return any(state != "Z" for state in _group_states(pgid).values())
 
 
 def _zombie(pid: int) -> bool:
