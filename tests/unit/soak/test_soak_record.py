@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sm120check.soak import record
-from sm120check.soak.samples import Sample, SamplerNote, ServerInterval, XidSample, parse_lines
+from sm120check.soak.samples import GpuSample, Sample, SamplerNote, ServerInterval, XidSample, parse_lines
 from unit.soak.test_soak_verdicts import HEALTHY, START
 
 
@@ -33,5 +33,12 @@ def test_jsonl_reads_back_what_was_written_and_names_a_cut_line(tmp_path: Path) 
 
 def test_png_marks_xids_and_throttling(tmp_path: Path) -> None:
     path = tmp_path / record.PNG
-    record.plot(path, samples(), START)
+    assert record.plot(path, samples(), START) == []
     assert path.read_bytes()[:4] == b"\x89PNG" and path.stat().st_size > 10_000
+
+
+def test_png_says_when_the_gpu_has_no_fan(tmp_path: Path) -> None:
+    fanless = [replace(s, fan_percent=None) if isinstance(s, GpuSample) else s for s in samples()]  # an H100 SXM
+    assert record.plot(tmp_path / record.PNG, fanless, START) == [
+        "NVML gave no fan speed (a board without fans of its own)"
+    ]

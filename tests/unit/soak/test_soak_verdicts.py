@@ -153,6 +153,7 @@ def test_server_killed_mid_soak_fails_as_died() -> None:
     result = by_id(soak([*series(), *served(after=dead)], server=True))["soak_server"]
     assert result.status is Status.FAIL
     assert "the server died (server closed the connection)" in result.summary and "+60 s" in result.summary
+    assert "its first failed request at " in result.summary
 
 
 def test_server_with_requests_in_flight_and_no_token_stalls() -> None:
@@ -193,6 +194,20 @@ def test_sustained_power_brake_warns() -> None:
 
 def test_sw_power_cap_alone_is_not_throttling() -> None:
     assert by_id(soak(series(reasons=0x4)))["soak_throttle"].status is Status.PASS
+
+
+def test_passing_verdicts_say_how_often_the_power_cap_and_clock_dips_came() -> None:
+    # The shape of a real server soak (an H100 at C=64, docs/validation): the SW power cap on every other second and
+    # the SM clock dipping below its base with it, never 30 s in a row.
+    samples = [replace(HEALTHY, t=START + i, reasons=0x4 if i % 2 else 0, sm_mhz=1500 if i % 2 else 2400)
+               for i in range(120)]  # fmt: skip
+    results = by_id(soak(samples))
+    assert results["soak_throttle"].status is Status.PASS and results["soak_clocks"].status is Status.PASS
+    assert "SW power cap in 60 of 120 samples, at most 1 s in a row" in results["soak_throttle"].summary
+    assert "but for dips of 1 s at most (60 samples, lowest 1500 MHz, base 1590 MHz)" in results["soak_clocks"].summary
+    steady = by_id(soak([replace(HEALTHY, t=START + i, reasons=0) for i in range(120)]))
+    assert steady["soak_throttle"].summary == "no sustained thermal or power throttling"
+    assert steady["soak_clocks"].summary == "SM clocks at or above base under load"
 
 
 def test_clock_below_base_under_load_warns() -> None:

@@ -44,9 +44,9 @@ def write_reports(folder: Path, results: Sequence[Result], info: report.RunInfo)
     return written
 
 
-def plot(path: Path, samples: Sequence[Sample], start: float) -> None:
+def plot(path: Path, samples: Sequence[Sample], start: float) -> list[str]:
     """tokens/s, SM clock, power, temperatures and fan over time (s into the soak); Xids as red lines, thermal and
-    power throttling as shaded spans."""
+    power throttling as shaded spans. Returns the notes written on panels that have no data."""
     plt = _pyplot()
     fig, axes = plt.subplots(5, 1, figsize=(10, 12), sharex=True)
     server = [s for s in samples if isinstance(s, ServerInterval)]
@@ -74,7 +74,8 @@ def plot(path: Path, samples: Sequence[Sample], start: float) -> None:
             temp.plot(x, [s.memory_temperature_c for s in rows], linestyle="--", label=f"GPU {gpu} memory")
         for slowdown in {s.slowdown_c for s in rows if s.slowdown_c}:
             temp.axhline(slowdown, linestyle=":", color="red")
-        fan.plot(x, [s.fan_percent for s in rows], label=f"GPU {gpu}")
+        if any(s.fan_percent is not None for s in rows):
+            fan.plot(x, [s.fan_percent for s in rows], label=f"GPU {gpu}")
         for first, last in runs(rows, lambda s: bool((s.reasons or 0) & (THERMAL | POWER | HW_SLOWDOWN))):
             for ax in axes:
                 ax.axvspan(first - start - 0.5, last - start + 0.5, color="orange", alpha=0.15, lw=0)
@@ -89,10 +90,15 @@ def plot(path: Path, samples: Sequence[Sample], start: float) -> None:
     power.set_ylabel("power W")
     temp.set_ylabel("temperature C")
     fan.set_ylabel("fan %")
+    notes = []
+    if gpus and not any(s.fan_percent is not None for rows in gpus.values() for s in rows):
+        notes.append("NVML gave no fan speed (a board without fans of its own)")
+        fan.text(0.5, 0.5, notes[-1], ha="center", va="center", transform=fan.transAxes)
     fan.set_xlabel("seconds into the soak (orange: thermal/power throttling; red: Xid)")
     for ax in axes[1:]:
-        if ax.lines:
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    return notes

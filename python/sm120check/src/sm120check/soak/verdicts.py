@@ -26,6 +26,7 @@ AROUND_S = 3.0  # samples kept either side of a finding
 THERMAL = 0x20 | 0x40  # SW and HW thermal slowdown
 POWER = 0x80  # HW power brake
 HW_SLOWDOWN = 0x8
+SEEN = 0x4 | HW_SLOWDOWN | THERMAL | POWER  # the reasons a passing throttle verdict still counts (SW power cap too)
 # our choices:
 NEAR_SLOWDOWN_C = 5  # warn within this many degrees of the GPU's slowdown threshold
 BUSY_PERCENT = 50  # "under load": GPU utilization at least this
@@ -195,7 +196,8 @@ def server(soak: Soak) -> Result:
     if len(failing) >= 2 and all(i.errors or not i.in_flight for i in tail):
         first = failing[0]
         return _finding(
-            soak, vid, Status.FAIL, first.t, f"the server died ({first.error or 'requests failed'}); no token after",
+            soak, vid, Status.FAIL, first.t,
+            f"the server died ({first.error or 'requests failed'}); its first failed request",
             f"{sum(i.errors for i in tail)} requests failed from then to the end", remedies.SOAK_SERVER_DIED,
         )  # fmt: skip
     run: list[ServerInterval] = []
@@ -268,7 +270,28 @@ def throttling(soak: Soak) -> Result:
                     remedy = remedies.COOLING if mask == THERMAL else remedies.CLOCKS_HW_SLOWDOWN
                     return _finding(soak, vid, Status.WARN, first, f"GPU {gpu}: {names} for {last - first:.0f} s",
                                     f"from {when(first, soak.start)} to {when(last, soak.start)}", remedy)  # fmt: skip
-    return _result(vid, Status.PASS, "no sustained thermal or power throttling")
+    return _result(vid, Status.PASS, "no sustained thermal or power throttling" + _seen(soak))
+
+
+def _seen(soak: Soak) -> str:
+    """What a passing throttle verdict saw: each throttling reason's share of the samples and its longest run."""
+    parts = []
+    by_gpu = _by_gpu(soak)
+    total = sum(len(g) for g in by_gpu.values())
+    for bit in (b for b in range(8) if (1 << b) & SEEN):
+        hits = sum(1 for g in by_gpu.values() for s in g if (s.reasons or 0) & (1 << bit))
+        if hits:
+            longest = max(last - first + 1 for g in by_gpu.values() for first, last in runs(g, _has(1 << bit)))
+            parts.append(f"{reason_names(1 << bit)[0]} in {hits} of {total} samples, at most {longest:.0f} s in a row")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def slow_sample(s: GpuSample) -> bool:
+    """The SM clock below the base clock while the GPU is busy."""
+    return (
+        s.sm_mhz is not None and s.base_sm_mhz is not None and (s.utilization or 0) >= BUSY_PERCENT
+        and s.sm_mhz < s.base_sm_mhz
+    )  # fmt: skip
 
 
 def clocks(soak: Soak) -> Result:
@@ -284,13 +307,7 @@ def clocks(soak: Soak) -> Result:
         if busy:
             medians[str(gpu)] = float(statistics.median(busy))
 
-        def slow(s: GpuSample) -> bool:
-            return (
-                s.sm_mhz is not None and s.base_sm_mhz is not None and (s.utilization or 0) >= BUSY_PERCENT
-                and s.sm_mhz < s.base_sm_mhz
-            )  # fmt: skip
-
-        for first, last in runs(samples, slow):
+        for first, last in runs(samples, slow_sample):
             if last - first >= soak.bounds.sustain_s:
                 at = next(s for s in samples if s.t == first)
                 reasons = ", ".join(reason_names(at.reasons or 0)) or "no reason given"
@@ -298,7 +315,16 @@ def clocks(soak: Soak) -> Result:
                                 f"GPU {gpu}: SM clock {at.sm_mhz} MHz below its base {at.base_sm_mhz} MHz under load "
                                 f"for {last - first:.0f} s", f"clock-event reasons then: {reasons}",
                                 remedies.SOAK_CLOCKS_BELOW_BASE, sm_mhz_median=medians, models=models)  # fmt: skip
-    return _result(vid, Status.PASS, "SM clocks at or above base under load", sm_mhz_median=medians, models=models)
+    below = [(s.sm_mhz, s.base_sm_mhz) for g in _by_gpu(soak).values() for s in g if slow_sample(s)]
+    base = sorted({b for _, b in below})
+    longest = max((last - first + 1 for g in _by_gpu(soak).values() for first, last in runs(g, slow_sample)), default=0)
+    dips = (
+        f" but for dips of {longest:.0f} s at most ({len(below)} samples, lowest {min(m for m, _ in below)} MHz, "
+        f"base {'/'.join(map(str, base))} MHz)"
+        if below else ""
+    )  # fmt: skip
+    return _result(vid, Status.PASS, f"SM clocks at or above base under load{dips}", sm_mhz_median=medians,
+                   models=models)  # fmt: skip
 
 
 def temperature(soak: Soak) -> Result:
