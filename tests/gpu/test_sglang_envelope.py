@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -293,8 +294,23 @@ class TestEnvelopeGap:
             }
             if c >= PLAIN_FROM and mean_p < (1 - ENVELOPE) * mean_b:
                 misses.append(f"C={c}: policy {mean_p:.0f} < 95 % of the plain server's {mean_b:.0f}: {levels[str(c)]}")
-        save("gap.json", {"plain_from": PLAIN_FROM, "sweeps_per_server": REPEATS, "levels": levels, "misses": misses})
+        logs = {n: server_log_rates(OUT / f"envelope-{n}.log") for n in ("gap-base", "gap-policy")}
+        save("gap.json", {"plain_from": PLAIN_FROM, "sweeps_per_server": REPEATS, "levels": levels,
+                          "server_logs": logs, "misses": misses})  # fmt: skip
         assert not misses, misses
+
+
+def server_log_rates(log: Path) -> dict[str, Any]:
+    """The server's own rates from its log: decode tokens/s at each gap level's running count (steady lines), and
+    its full-chunk prefills' input tokens/s with at least PLAIN_FROM requests running."""
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    chunk = next((int(m[1]) for m in map(re.compile(r"chunked_prefill_size=(\d+)").search, lines) if m), None)
+    views = decode_log.server_view(decode_log.parse(lines))
+    return {
+        "decode_gen_tok_s": {str(c): views[c].gen_tok_s if c in views else None for c in GAP_LEVELS},
+        "prefill": None if chunk is None else {"chunk": chunk, **decode_log.prefill_view(
+            decode_log.parse_prefills(lines), chunk=chunk, min_running=PLAIN_FROM)},
+    }  # fmt: skip
 
 
 def plot(table: dict[str, Any], path: Path) -> None:

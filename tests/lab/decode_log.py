@@ -10,6 +10,10 @@ A line reads, for example (the server's own text; the accept fields only with sp
 `server_view` groups these by running requests: under a closed-loop bench at concurrency C the steady state is the
 lines with C running requests and an empty queue, so the server's own throughput and accept length at level C are
 the medians of those lines. A bench that reads the responses can be held against them (tests/gpu).
+
+Its "Prefill batch" lines (same file) give each prefill's new sequences and tokens, the requests already running, and
+the input throughput since the previous prefill line; `prefill_view` takes the median over full-chunk prefills, the
+figure two servers' prefill paths are compared by.
 """
 
 from __future__ import annotations
@@ -129,3 +133,41 @@ def level_rate(rows: Sequence[DecodeLine], *, after: int, interval: int) -> Leve
         return None
     tokens = sum(t for t, _ in spans)
     return LevelRate(len(spans), tokens, sum(t / rate for t, rate in spans))
+
+
+_PREFILL = re.compile(
+    r"Prefill batch(?: \[\d+\])?, #new-seq: (?P<seqs>\d+), #new-token: (?P<tokens>\d+), .*?"
+    r"#running-req: (?P<running>\d+), .*?input throughput \(token/s\): (?P<tok_s>[0-9.]+)"
+)
+
+
+@dataclass(frozen=True)
+class PrefillLine:
+    """One "Prefill batch" line: new sequences and tokens, requests already running, input tokens/s since the last."""
+
+    line: int
+    new_seqs: int
+    new_tokens: int
+    running: int
+    input_tok_s: float
+
+
+def parse_prefills(text: Iterable[str]) -> list[PrefillLine]:
+    """Every well-formed "Prefill batch" line; other lines are skipped."""
+    rows = []
+    for number, raw in enumerate(text, 1):
+        m = _PREFILL.search(raw)
+        if m is not None:
+            rows.append(PrefillLine(number, int(m["seqs"]), int(m["tokens"]), int(m["running"]), float(m["tok_s"])))
+    return rows
+
+
+def prefill_view(rows: Sequence[PrefillLine], *, chunk: int, min_running: int = 0) -> dict[str, float | int | None]:
+    """Full-chunk prefills (`chunk` new tokens, the server's --chunked-prefill-size) with at least `min_running`
+    requests running: how many, and the median and quartiles of their input tokens/s (None when there are none)."""
+    rates = sorted(r.input_tok_s for r in rows if r.new_tokens == chunk and r.running >= min_running)
+    if not rates:
+        return {"prefills": 0, "input_tok_s_median": None, "input_tok_s_p25": None, "input_tok_s_p75": None}
+    q = statistics.quantiles(rates, n=4) if len(rates) > 1 else [rates[0]] * 3
+    return {"prefills": len(rates), "input_tok_s_median": round(statistics.median(rates), 1),
+            "input_tok_s_p25": round(q[0], 1), "input_tok_s_p75": round(q[2], 1)}  # fmt: skip

@@ -50,3 +50,14 @@ def test_level_rate_weighs_each_line_by_the_tokens_it_covers() -> None:
     assert rate is not None and rate.lines == 2 and rate.tokens == pytest.approx(280.0)
     assert rate.tok_s == pytest.approx(280.0 / 0.4)
     assert decode_log.level_rate(decode_log.parse(text), after=3, interval=10) is None
+
+
+def test_prefill_lines_of_a_real_log_give_the_full_chunk_median() -> None:
+    # The switch server's log tail at C=250 (H100, SGLang 0.5.16, docs/validation/2026-12-06-h100-gap-soak-jit).
+    rows = decode_log.parse_prefills(FIXTURES.joinpath("gap-policy-tail.log").read_text().splitlines())
+    assert [(r.new_seqs, r.new_tokens, r.running) for r in rows[:2]] == [(10, 3402, 51), (25, 8192, 61)]
+    assert rows[0].input_tok_s == 29281.40 and len(rows) == 9
+    view = decode_log.prefill_view(rows, chunk=8192, min_running=57)
+    assert (view["prefills"], view["input_tok_s_median"]) == (7, 88176.8)  # the 320854 line (back to back) is one
+    assert decode_log.prefill_view(rows, chunk=8192, min_running=100)["input_tok_s_median"] == 88697.7
+    assert decode_log.prefill_view(rows, chunk=16384)["prefills"] == 0
