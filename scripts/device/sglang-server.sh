@@ -40,6 +40,9 @@
 #             C=30, 70, 100, 250 only, SM120KIT_ENVELOPE_REPEATS=2 sweeps each, in one call: gap.json holds each level's
 #             rates and GPU milliseconds per output token by forward kind, and the share of the level the GPU did not
 #             compute (about 6 minutes)
+#   envelope-profile  the same two servers under the gap's top level for 36 s each while SGLang's profiler records
+#             the GPU kernels of the prefills it runs (three /start_profile by stage): profile-gap.json sets their
+#             kernels per 1000 prefill tokens side by side (about 4 minutes)
 #   jit-venv  $JIT_VENV (default /tmp/jit-venv) from the JIT parts carried in earlier calls of this warm machine
 #             (scripts/device/jit_carry.py: FlashInfer 0.7.2, tvm-ffi and ninja whole, over $VENV): every part checked,
 #             joined and installed
@@ -223,6 +226,10 @@ phase_envelope_repeat_c() {
 
 phase_envelope_gap() {
   SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} envelope_tests "TestEnvelopeGap"
+}
+
+phase_envelope_profile() {
+  envelope_tests "TestEnvelopeProfile"
 }
 
 phase_jit_venv() {

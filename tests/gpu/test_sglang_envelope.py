@@ -20,14 +20,18 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lab import crossing, decode_log
+from lab import crossing, decode_log, trace_kernels
 from lab.gpu_seconds import per_token
 from lab.sglang_gpu import LAUNCH, MARKS, OUT, Patched, Server, patch_tree, save, sm120check, start, write_models
 from sm120check.bench import tiers
@@ -251,21 +255,24 @@ GAP_LEVELS = (30, 70, 100, 250)
 PLAIN_FROM = int(os.environ.get("SM120KIT_ENVELOPE_PLAIN_FROM", "57"))
 
 
+def gap_launch(name: str) -> Path:
+    """The plain server's launch for gap-base; for gap-policy the switch-7 launch with its threshold at PLAIN_FROM."""
+    if name == "gap-base":
+        return LAUNCH / "base.txt"
+    SWEEPS.mkdir(parents=True, exist_ok=True)
+    env = (LAUNCH / "switch-7.env").read_text(encoding="utf-8")
+    threshold = f'SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="{PLAIN_FROM}"'
+    (SWEEPS / "gap-policy.env").write_text(env.replace('SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="30"', threshold), "utf-8")
+    launch = SWEEPS / "gap-policy.txt"
+    launch.write_text((LAUNCH / "switch-7.txt").read_text(), encoding="utf-8")
+    return launch
+
+
 class TestEnvelopeGap:
     @pytest.mark.parametrize("name", ["gap-base", "gap-policy"])
     def test_sweep_above_the_crossing(self, patched: Patched, name: str) -> None:
         write_models("spec.txt")
-        SWEEPS.mkdir(parents=True, exist_ok=True)
-        launch = LAUNCH / "base.txt"
-        if name == "gap-policy":
-            env = (LAUNCH / "switch-7.env").read_text(encoding="utf-8")
-            threshold = f'SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="{PLAIN_FROM}"'
-            (SWEEPS / "gap-policy.env").write_text(
-                env.replace('SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="30"', threshold), encoding="utf-8"
-            )
-            launch = SWEEPS / "gap-policy.txt"
-            launch.write_text((LAUNCH / "switch-7.txt").read_text(), encoding="utf-8")
-        for server in start(f"envelope-{name}", launch):
+        for server in start(f"envelope-{name}", gap_launch(name)):
             sweep(server, name, GAP_LEVELS)
         assert set(curve(name)) == set(GAP_LEVELS)
         found = switch_of(name)
@@ -298,6 +305,117 @@ class TestEnvelopeGap:
         save("gap.json", {"plain_from": PLAIN_FROM, "sweeps_per_server": REPEATS, "levels": levels,
                           "server_logs": logs, "misses": misses})  # fmt: skip
         assert not misses, misses
+
+
+# The profile phase: the gap load at its top level, SGLang's own profiler asked PROFILE_AT seconds into it for the
+# prefills it runs until the next decode (`profile_by_stage`, host and GPU), on each server of the gap: the kernels,
+# the GPU's idle time within the traced span and the host's CUDA calls (synchronizations) per trace.
+PROFILE_C = max(GAP_LEVELS)
+PROFILE_S = 36
+PROFILE_AT = (8.0, 16.0, 24.0)
+PROFILE_STEPS = 3
+
+
+def ask_profiles(url: str, folder: Path, name: str, stop: threading.Event, replies: list[str]) -> None:
+    """POST /start_profile (by stage, host and GPU activity) at each of PROFILE_AT seconds; each reply kept."""
+    began = time.monotonic()
+    for i, at in enumerate(PROFILE_AT):
+        if stop.wait(max(0.0, at - (time.monotonic() - began))):
+            return
+        body = {"output_dir": str(folder), "num_steps": PROFILE_STEPS, "activities": ["CPU", "GPU"],
+                "profile_by_stage": True, "profile_id": f"{name}-{i}"}  # fmt: skip
+        request = urllib.request.Request(
+            f"{url}/start_profile", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                replies.append(f"{at:g} s: HTTP {reply.status} {reply.read(300).decode(errors='replace').strip()}")
+        except OSError as exc:  # URLError and timeouts are OSErrors
+            replies.append(f"{at:g} s: {exc}")
+
+
+def extend_traces(folder: Path, deadline_s: float = 60.0) -> list[Path]:
+    """The EXTEND traces the profiler wrote into `folder`, once every one of them reads as a whole trace (bounded)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        found = sorted(folder.glob("*-EXTEND.trace.json.gz"))
+        try:
+            for path in found:
+                trace_kernels.load(path)
+            if len(found) >= len(PROFILE_AT) or time.monotonic() > end:
+                return found
+        except (OSError, EOFError, ValueError):  # still being written
+            if time.monotonic() > end:
+                return found
+        time.sleep(2.0)
+
+
+class TestEnvelopeProfile:
+    @pytest.mark.parametrize("name", ["gap-base", "gap-policy"])
+    def test_profile_the_prefills_under_the_gap_load(self, patched: Patched, name: str) -> None:
+        write_models("spec.txt")
+        folder = OUT / f"profile-{name}"
+        shutil.rmtree(folder, ignore_errors=True)
+        replies: list[str] = []
+        for server in start(f"profile-{name}", gap_launch(name)):
+            stop = threading.Event()
+            asker = threading.Thread(target=ask_profiles, args=(server.url, folder, name, stop, replies), daemon=True)
+            asker.start()
+            try:
+                run = sm120check(
+                    "bench", "--url", server.url, "--concurrency", str(PROFILE_C), "--duration", str(PROFILE_S),
+                    "--input-len", "64", "--output-len", "128", "--output-len-spread", SPREAD, "--label", name,
+                    "--out", str(SWEEPS / f"profile-{name}.jsonl"), "--level-timeout", "120", "--quiet",
+                    timeout=600,
+                )  # fmt: skip
+            finally:
+                stop.set()
+                asker.join(timeout=60)
+            traces = extend_traces(folder)
+            tokens = decode_log.profiled_prefill_tokens(server.lines())
+        save(f"profile-{name}.json", {
+            "bench": run.stdout[-2000:], "replies": replies, "prefill_tokens": tokens,
+            "traces": [trace_summary(p) for p in traces],
+        })  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert traces, f"no EXTEND trace in {folder}; the profiler's replies: {replies}"
+
+    def test_the_switch_servers_prefill_against_the_plain_servers(self) -> None:
+        runs = {n: json.loads((OUT / f"profile-{n}.json").read_text()) for n in ("gap-base", "gap-policy")}
+        counted = all(len(r["prefill_tokens"]) == len(r["traces"]) and all(r["prefill_tokens"]) for r in runs.values())
+        unit = "ms per 1000 prefill tokens" if counted else "ms per trace (the log did not count every trace's tokens)"
+        per = {
+            n: [{k: v * 1000 / tokens for k, v in t["kernel_ms"].items()} if counted else t["kernel_ms"]
+                for t, tokens in zip(r["traces"], r["prefill_tokens"] if counted else r["traces"], strict=True)]
+            for n, r in runs.items()
+        }  # fmt: skip
+        found = trace_kernels.compare(per["gap-base"], per["gap-policy"])
+        timeline = {n: [t["gpu"] for t in r["traces"]] for n, r in runs.items()}
+        calls = {n: [t["runtime_ms"] for t in r["traces"]] for n, r in runs.items()}
+        runtime = trace_kernels.compare(calls["gap-base"], calls["gap-policy"])
+        save("profile-gap.json", {"unit": unit, "kernels": found, "gpu_timeline": timeline, "host_cuda_calls": runtime})
+        ratio = found["other_over_base"]
+        idle = {n: sum(t["idle_ms"] for t in v) / max(1e-9, sum(t["span_ms"] for t in v)) for n, v in timeline.items()}
+        assert ratio is not None and ratio <= 1 + ENVELOPE, (
+            f"the switch server's prefill kernels take {ratio} x the plain server's ({unit}); the largest changes: "
+            f"{found['top'][:5]}"
+        )
+        assert idle["gap-policy"] <= idle["gap-base"] + ENVELOPE, (
+            f"the GPU idles {idle['gap-policy']:.1%} of the switch server's traced prefills against "
+            f"{idle['gap-base']:.1%} of the plain server's; the host's CUDA calls that changed most: "
+            f"{runtime['top'][:5]}"
+        )
+
+
+def trace_summary(path: Path) -> dict[str, Any]:
+    """One EXTEND trace: kernel milliseconds by name, the GPU's span, busy and idle time, the host's CUDA calls."""
+    trace = trace_kernels.load(path)
+    return {
+        "file": path.name,
+        "kernel_ms": trace_kernels.totals(trace),
+        "gpu": trace_kernels.gpu_time(trace),
+        "runtime_ms": trace_kernels.totals(trace, cats=trace_kernels.RUNTIME_CATS),
+    }
 
 
 def server_log_rates(log: Path) -> dict[str, Any]:

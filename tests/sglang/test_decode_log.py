@@ -61,3 +61,28 @@ def test_prefill_lines_of_a_real_log_give_the_full_chunk_median() -> None:
     assert (view["prefills"], view["input_tok_s_median"]) == (7, 88176.8)  # the 320854 line (back to back) is one
     assert decode_log.prefill_view(rows, chunk=8192, min_running=100)["input_tok_s_median"] == 88697.7
     assert decode_log.prefill_view(rows, chunk=16384)["prefills"] == 0
+
+
+PREFILL_LINE = (
+    "[2026-12-06 18:44:31] Prefill batch, #new-seq: 25, #new-token: {n}, #cached-token: 76, token usage: 0.10, "
+    "#running-req: 205, #queue-req: 0, #pending-token: 7149, cuda graph: False, input throughput (token/s): 9.0, "
+    "fwd occupancy: 94.93%"
+)  # the switch server's line (gap-policy-tail.log), its token count varied
+
+
+def test_each_extend_profile_counts_the_prefills_it_covered() -> None:
+    # The profiler's lines as SGLang 0.5.16 profiler_manager.py logs them.
+    text = [
+        PREFILL_LINE.format(n=100),
+        PREFILL_LINE.format(n=8192),  # triggers the start: logged before it runs
+        "[2026-12-06 19:00:00] Profiling starts for EXTEND. Traces will be saved to: /tmp/p (with profile id: a)",
+        PREFILL_LINE.format(n=4000),
+        "[2026-12-06 19:00:01] Stop profiling-EXTEND...",
+        "[2026-12-06 19:00:01] Profiling starts for DECODE. Traces will be saved to: /tmp/p (with profile id: a)",
+        PREFILL_LINE.format(n=300),
+        "[2026-12-06 19:00:02] Stop profiling-DECODE...",
+        "[2026-12-06 19:00:05] Profiling starts for EXTEND. Traces will be saved to: /tmp/p (with profile id: b)",
+        "[2026-12-06 19:00:06] Stop profiling-EXTEND...",
+        "[2026-12-06 19:00:07] Profiling starts for EXTEND. Traces will be saved to: /tmp/p (with profile id: c)",
+    ]  # the third profile never stopped: not counted
+    assert decode_log.profiled_prefill_tokens(text) == [8192 + 4000, 300]

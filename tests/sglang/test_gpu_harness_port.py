@@ -394,6 +394,7 @@ def recording_venv(tmp_path: Path) -> tuple[Path, Path]:
         ("envelope-repeat-a", "SM120KIT_ENVELOPE_REPEATS=2", "TestEnvelopeCurves and base"),
         ("envelope-spread-b", "SM120KIT_ENVELOPE_SPREAD=0.5", "test_sweep_the_policy_server or test_the_policy_is_on"),
         ("envelope-gap", "SM120KIT_ENVELOPE_REPEATS=2", "TestEnvelopeGap"),
+        ("envelope-profile", "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1", "TestEnvelopeProfile"),
     ],
 )
 def test_the_envelope_phases_pass_their_settings_to_pytest(

@@ -315,7 +315,7 @@ def clocks(soak: Soak) -> Result:
                                 f"GPU {gpu}: SM clock {at.sm_mhz} MHz below its base {at.base_sm_mhz} MHz under load "
                                 f"for {last - first:.0f} s", f"clock-event reasons then: {reasons}",
                                 remedies.SOAK_CLOCKS_BELOW_BASE, sm_mhz_median=medians, models=models)  # fmt: skip
-    below = [(s.sm_mhz, s.base_sm_mhz) for g in _by_gpu(soak).values() for s in g if slow_sample(s)]
+    below = [(s.sm_mhz or 0, s.base_sm_mhz or 0) for g in _by_gpu(soak).values() for s in g if slow_sample(s)]
     base = sorted({b for _, b in below})
     longest = max((last - first + 1 for g in _by_gpu(soak).values() for first, last in runs(g, slow_sample)), default=0)
     dips = (

@@ -1,0 +1,98 @@
+"""The envelope-profile phase's reading of SGLang's profiler traces (tests/gpu/test_sglang_envelope.py): the Chrome
+trace torch.profiler writes (`<id>-TP-0-EXTEND.trace.json.gz` from `/start_profile` with `profile_by_stage`), summed
+per kernel name, and two servers' prefill traces set side by side."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver"})  # the host's CUDA calls: synchronizations show here
+MAX_TRACE_BYTES = 512 << 20  # a few prefill steps' trace is tens of MB; refuse to inflate more
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A trace file, gzip or plain JSON, with its `traceEvents` list."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as stream:
+        raw = stream.read(MAX_TRACE_BYTES + 1)
+    if len(raw) > MAX_TRACE_BYTES:
+        raise ValueError(f"{path}: more than {MAX_TRACE_BYTES >> 20} MiB of trace; profile fewer steps")
+    trace = json.loads(raw)
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise ValueError(f"{path}: not a Chrome trace (no traceEvents list)")
+    return trace
+
+
+def totals(trace: Mapping[str, Any], cats: Iterable[str] = GPU_CATS) -> dict[str, float]:
+    """Milliseconds per event name over the complete ("X") events of the given categories."""
+    wanted = frozenset(cats)
+    out: dict[str, float] = {}
+    for e in trace["traceEvents"]:
+        if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in wanted:
+            dur = e.get("dur")
+            if isinstance(dur, (int, float)) and dur >= 0:
+                name = str(e.get("name", "?"))
+                out[name] = out.get(name, 0.0) + dur / 1000.0
+    return out
+
+
+def gpu_time(trace: Mapping[str, Any]) -> dict[str, float]:
+    """The GPU's timeline in the trace: `span_ms` from the first GPU event's start to the last one's end, `busy_ms`
+    the union of their intervals, `idle_ms` the rest (the GPU waiting on the host)."""
+    spans = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in trace["traceEvents"]
+        if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in GPU_CATS
+        and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0
+    )  # fmt: skip
+    if not spans:
+        return {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0}
+    busy, (start, end) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > end:
+            busy, start = busy + end - start, a
+        end = max(end, b)
+    busy += end - start
+    span = max(b for _, b in spans) - spans[0][0]
+    return {
+        "span_ms": round(span / 1000, 4),
+        "busy_ms": round(busy / 1000, 4),
+        "idle_ms": round((span - busy) / 1000, 4),
+    }
+
+
+def compare(base: Sequence[Mapping[str, float]], other: Sequence[Mapping[str, float]], top: int = 20) -> dict[str, Any]:
+    """Mean milliseconds per trace of each server, in all and per name; the `top` names by the size of their change
+    (a name only one server ran counts 0 on the other)."""
+    if not base or not other:
+        raise ValueError(f"no trace to compare: {len(base)} of the first server, {len(other)} of the second")
+
+    def mean(traces: Sequence[Mapping[str, float]]) -> dict[str, float]:
+        names = {n for t in traces for n in t}
+        return {n: sum(t.get(n, 0.0) for t in traces) / len(traces) for n in names}
+
+    b, o = mean(base), mean(other)
+    delta = {n: o.get(n, 0.0) - b.get(n, 0.0) for n in b.keys() | o.keys()}
+    ranked = sorted(delta, key=lambda n: (-abs(delta[n]), n))[:top]
+    rows = [
+        {
+            "name": n,
+            "base_ms": round(b.get(n, 0.0), 4),
+            "other_ms": round(o.get(n, 0.0), 4),
+            "delta_ms": round(delta[n], 4),
+        }
+        for n in ranked
+    ]
+    total_b, total_o = sum(b.values()), sum(o.values())
+    return {
+        "traces": [len(base), len(other)],
+        "base_ms_per_trace": round(total_b, 4),
+        "other_ms_per_trace": round(total_o, 4),
+        "other_over_base": round(total_o / total_b, 4) if total_b > 0 else None,
+        "top": rows,
+    }

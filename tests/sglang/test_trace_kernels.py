@@ -1,0 +1,62 @@
+"""tests/lab/trace_kernels.py on a real torch.profiler Chrome trace (CPU ops here; the GPU machine's traces carry
+the same events with cat "kernel"), and the side-by-side arithmetic."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from lab import trace_kernels
+
+torch = pytest.importorskip("torch")
+
+
+def test_a_real_trace_is_summed_per_op_name(tmp_path: Path) -> None:
+    a, b = torch.ones(64, 64), torch.ones(64, 64)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            torch.mm(a, b)
+    plain = tmp_path / "t.json"
+    prof.export_chrome_trace(str(plain))
+    packed = tmp_path / "t.trace.json.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+
+    trace = trace_kernels.load(packed)
+    assert trace == trace_kernels.load(plain)
+    ops = trace_kernels.totals(trace, cats={"cpu_op"})
+    mm = [e for e in trace["traceEvents"] if e.get("name") == "aten::mm" and e.get("cat") == "cpu_op"]
+    assert len(mm) == 3 and ops["aten::mm"] == pytest.approx(sum(e["dur"] for e in mm) / 1000)
+    assert trace_kernels.totals(trace) == {}  # no GPU here: no kernel events
+
+
+def test_a_file_that_is_not_a_trace_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"events": []}))
+    with pytest.raises(ValueError, match=r"x.json: not a Chrome trace"):
+        trace_kernels.load(bad)
+
+
+def test_compare_means_per_trace_and_ranks_the_changes() -> None:
+    base = [{"gemm": 10.0, "attn": 4.0}, {"gemm": 12.0, "attn": 4.0}]
+    other = [{"gemm": 11.0, "attn": 6.0, "cat_aux": 3.0}]
+    got = trace_kernels.compare(base, other, top=2)
+    assert got["traces"] == [2, 1] and got["base_ms_per_trace"] == 15.0 and got["other_ms_per_trace"] == 20.0
+    assert got["other_over_base"] == pytest.approx(20 / 15, abs=1e-4)
+    assert [r["name"] for r in got["top"]] == ["cat_aux", "attn"]  # gemm's mean did not change
+    assert got["top"][0] == {"name": "cat_aux", "base_ms": 0.0, "other_ms": 3.0, "delta_ms": 3.0}
+    with pytest.raises(ValueError, match="no trace to compare: 0 of the first server"):
+        trace_kernels.compare([], other)
+
+
+def test_the_gpu_timeline_counts_overlaps_once_and_the_gaps_as_idle() -> None:
+    def kernel(ts: float, dur: float) -> dict[str, object]:
+        return {"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": dur}
+
+    sync = {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 1500, "dur": 2500}
+    trace = {"traceEvents": [kernel(0, 1000), kernel(500, 1000), kernel(4000, 1000), sync]}
+    assert trace_kernels.gpu_time(trace) == {"span_ms": 5.0, "busy_ms": 2.5, "idle_ms": 2.5}
+    assert trace_kernels.totals(trace, cats=trace_kernels.RUNTIME_CATS) == {"cudaStreamSynchronize": 2.5}
+    assert trace_kernels.gpu_time({"traceEvents": []}) == {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0}
