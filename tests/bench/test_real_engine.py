@@ -40,6 +40,10 @@ SWEEP_ARGS = ("--output-len", "64", "--input-len", "32")
 APIS = ("openai-completions", "openai-chat")
 SERVERS = ("base", "spec")
 THROUGHPUT_TOLERANCE = 0.20
+# The bench's TTFT median against the server's prompt-time median: two clocks' medians over one level's requests (the
+# client's from the send, the server's from the slot's launch), which CPU contention moves apart by several percent;
+# a TTFT taken at the response headers would be a small fraction of the prompt time.
+PROMPT_FLOOR = 0.8
 RATIO_TOLERANCE = THROUGHPUT_TOLERANCE  # the bench's spec/base against the server's, per level
 DECISIVE = RATIO_TOLERANCE  # spec/base this far from 1 decides the crossing's side despite that error
 SweepFactory = Callable[[str, str], Sweep]
@@ -128,7 +132,7 @@ def test_ttft_is_time_to_first_token_not_to_last(sweep: SweepFactory, server: st
     for record, truth in zip(result.records, result.truth, strict=True):
         ttft, e2e = _dist(record, "ttft_s", "p50"), _dist(record, "e2e_s", "mean")
         assert ttft < 0.5 * e2e, f"C={truth.concurrency}: TTFT p50 {ttft:.3f} s vs E2E mean {e2e:.3f} s"
-        assert ttft >= truth.prompt_s_p50, (
+        assert ttft >= PROMPT_FLOOR * truth.prompt_s_p50, (
             f"C={truth.concurrency}: TTFT p50 {ttft:.4f} s is below the server's prompt time {truth.prompt_s_p50:.4f} s"
         )
 
