@@ -41,8 +41,9 @@
 #             rates and GPU milliseconds per output token by forward kind, and the share of the level the GPU did not
 #             compute (about 6 minutes)
 #   envelope-profile  the same two servers under the gap's top level for 36 s each while SGLang's profiler records
-#             the GPU kernels of the prefills it runs (three /start_profile by stage): profile-gap.json sets their
-#             kernels per 1000 prefill tokens side by side (about 4 minutes)
+#             12 scheduler steps three times (host with its Python stack, and GPU): profile-gap.json sets their GPU
+#             idle share, kernels and host time per step side by side (about 4 minutes); the traces, as many as fit
+#             15 MiB, in $OUT/traces.tar
 #   jit-venv  $JIT_VENV (default /tmp/jit-venv) from the JIT parts carried in earlier calls of this warm machine
 #             (scripts/device/jit_carry.py: FlashInfer 0.7.2, tvm-ffi and ninja whole, over $VENV): every part checked,
 #             joined and installed
@@ -130,8 +131,23 @@ phase_gputests() {
   grep -E '^(FAILED|ERROR|PASSED|SKIPPED)' "$out/pytest-gpu-full.txt" | cut -c1-400
   grep -E '=+ .*(passed|failed|error|skipped).* =+$' "$out/pytest-gpu-full.txt" | tail -1 > "$out/pytest-gpu.txt"
   log "gputests summary: $(cat "$out/pytest-gpu.txt")"
-  tar -czf "$out/gpu-artifacts.tar.gz" -C "$out" gpu && rm -rf "$out/gpu"
+  pack_traces
+  tar -czf "$out/gpu-artifacts.tar.gz" -C "$out" --exclude='*.trace.json.gz' gpu && rm -rf "$out/gpu"
   return $rc
+}
+
+pack_traces() {  # profiler traces, first of each folder first, into $out/traces.tar while it stays under 15 MiB
+  local list total=0 size f
+  list=$(cd "$out" && find gpu -name '*.trace.json.gz' -printf '%f %p\n' | sort -t- -k3 | awk '{print $2}')
+  [[ -z $list ]] && return 0
+  : > "$out/traces.list"
+  for f in $list; do
+    size=$(stat -c %s "$out/$f")
+    (( total + size > 15 * 1024 * 1024 )) && { log "traces: $f ($size bytes) left out"; continue; }
+    total=$((total + size))
+    echo "$f" >> "$out/traces.list"
+  done
+  tar -cf "$out/traces.tar" -C "$out" -T "$out/traces.list" && rm -f "$out/traces.list"
 }
 
 phase_server_base() {

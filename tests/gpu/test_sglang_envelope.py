@@ -307,23 +307,25 @@ class TestEnvelopeGap:
         assert not misses, misses
 
 
-# The profile phase: the gap load at its top level, SGLang's own profiler asked PROFILE_AT seconds into it for the
-# prefills it runs until the next decode (`profile_by_stage`, host and GPU), on each server of the gap: the kernels,
-# the GPU's idle time within the traced span and the host's CUDA calls (synchronizations) per trace.
+# The profile phase: the gap load at its top level, SGLang's own profiler asked PROFILE_AT seconds into it for
+# PROFILE_STEPS scheduler steps (host with its Python stack, and GPU), on each server of the gap: the GPU's idle time
+# within the traced span, the kernels and the host's own time per Python function, op and CUDA call, per step.
 PROFILE_C = max(GAP_LEVELS)
 PROFILE_S = 36
 PROFILE_AT = (8.0, 16.0, 24.0)
-PROFILE_STEPS = 3
+PROFILE_STEPS = 12
+STEP = ": run_batch"  # the scheduler's step in the trace's Python events (scheduler.py(<line>): run_batch)
 
 
 def ask_profiles(url: str, folder: Path, name: str, stop: threading.Event, replies: list[str]) -> None:
-    """POST /start_profile (by stage, host and GPU activity) at each of PROFILE_AT seconds; each reply kept."""
+    """POST /start_profile (PROFILE_STEPS steps, host and GPU activity) at each of PROFILE_AT seconds; each reply
+    kept."""
     began = time.monotonic()
     for i, at in enumerate(PROFILE_AT):
         if stop.wait(max(0.0, at - (time.monotonic() - began))):
             return
         body = {"output_dir": str(folder), "num_steps": PROFILE_STEPS, "activities": ["CPU", "GPU"],
-                "profile_by_stage": True, "profile_id": f"{name}-{i}"}  # fmt: skip
+                "with_stack": True, "profile_id": f"{name}-{i}"}  # fmt: skip
         request = urllib.request.Request(
             f"{url}/start_profile", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )
@@ -334,11 +336,11 @@ def ask_profiles(url: str, folder: Path, name: str, stop: threading.Event, repli
             replies.append(f"{at:g} s: {exc}")
 
 
-def extend_traces(folder: Path, deadline_s: float = 60.0) -> list[Path]:
-    """The EXTEND traces the profiler wrote into `folder`, once every one of them reads as a whole trace (bounded)."""
+def profile_traces(folder: Path, deadline_s: float = 60.0) -> list[Path]:
+    """The traces the profiler wrote into `folder`, once every one of them reads as a whole trace (bounded)."""
     end = time.monotonic() + deadline_s
     while True:
-        found = sorted(folder.glob("*-EXTEND.trace.json.gz"))
+        found = sorted(folder.glob("*.trace.json.gz"))
         try:
             for path in found:
                 trace_kernels.load(path)
@@ -352,7 +354,7 @@ def extend_traces(folder: Path, deadline_s: float = 60.0) -> list[Path]:
 
 class TestEnvelopeProfile:
     @pytest.mark.parametrize("name", ["gap-base", "gap-policy"])
-    def test_profile_the_prefills_under_the_gap_load(self, patched: Patched, name: str) -> None:
+    def test_profile_the_steps_under_the_gap_load(self, patched: Patched, name: str) -> None:
         write_models("spec.txt")
         folder = OUT / f"profile-{name}"
         shutil.rmtree(folder, ignore_errors=True)
@@ -371,49 +373,52 @@ class TestEnvelopeProfile:
             finally:
                 stop.set()
                 asker.join(timeout=60)
-            traces = extend_traces(folder)
-            tokens = decode_log.profiled_prefill_tokens(server.lines())
+            traces = profile_traces(folder)
+            windows = decode_log.profiled_prefills(server.lines())
         save(f"profile-{name}.json", {
-            "bench": run.stdout[-2000:], "replies": replies, "prefill_tokens": tokens,
+            "bench": run.stdout[-2000:], "replies": replies, "prefills_per_window": windows,
             "traces": [trace_summary(p) for p in traces],
         })  # fmt: skip
         assert run.returncode == 0, run.stderr[-2000:]
-        assert traces, f"no EXTEND trace in {folder}; the profiler's replies: {replies}"
+        assert traces, f"no trace in {folder}; the profiler's replies: {replies}"
 
-    def test_the_switch_servers_prefill_against_the_plain_servers(self) -> None:
+    def test_the_switch_servers_steps_against_the_plain_servers(self) -> None:
         runs = {n: json.loads((OUT / f"profile-{n}.json").read_text()) for n in ("gap-base", "gap-policy")}
-        counted = all(len(r["prefill_tokens"]) == len(r["traces"]) and all(r["prefill_tokens"]) for r in runs.values())
-        unit = "ms per 1000 prefill tokens" if counted else "ms per trace (the log did not count every trace's tokens)"
-        per = {
-            n: [{k: v * 1000 / tokens for k, v in t["kernel_ms"].items()} if counted else t["kernel_ms"]
-                for t, tokens in zip(r["traces"], r["prefill_tokens"] if counted else r["traces"], strict=True)]
-            for n, r in runs.items()
-        }  # fmt: skip
-        found = trace_kernels.compare(per["gap-base"], per["gap-policy"])
+
+        def per_step(key: str, name: str) -> list[dict[str, float]]:
+            return [{k: v / max(1, t["steps"]) for k, v in t[key].items()} for t in runs[name]["traces"]]
+
+        found = {key: trace_kernels.compare(per_step(key, "gap-base"), per_step(key, "gap-policy"), top=30)
+                 for key in ("kernel_ms", "host_self_ms", "runtime_ms")}  # fmt: skip
         timeline = {n: [t["gpu"] for t in r["traces"]] for n, r in runs.items()}
-        calls = {n: [t["runtime_ms"] for t in r["traces"]] for n, r in runs.items()}
-        runtime = trace_kernels.compare(calls["gap-base"], calls["gap-policy"])
-        save("profile-gap.json", {"unit": unit, "kernels": found, "gpu_timeline": timeline, "host_cuda_calls": runtime})
-        ratio = found["other_over_base"]
         idle = {n: sum(t["idle_ms"] for t in v) / max(1e-9, sum(t["span_ms"] for t in v)) for n, v in timeline.items()}
-        assert ratio is not None and ratio <= 1 + ENVELOPE, (
-            f"the switch server's prefill kernels take {ratio} x the plain server's ({unit}); the largest changes: "
-            f"{found['top'][:5]}"
-        )
+        save("profile-gap.json", {"unit": "ms per scheduler step", "gpu_idle_share": idle, "gpu_timeline": timeline,
+                                  "steps": {n: [t["steps"] for t in r["traces"]] for n, r in runs.items()},
+                                  **found})  # fmt: skip
+        assert all(t["steps"] for r in runs.values() for t in r["traces"]), "a trace without a scheduler step"
         assert idle["gap-policy"] <= idle["gap-base"] + ENVELOPE, (
-            f"the GPU idles {idle['gap-policy']:.1%} of the switch server's traced prefills against "
-            f"{idle['gap-base']:.1%} of the plain server's; the host's CUDA calls that changed most: "
-            f"{runtime['top'][:5]}"
+            f"the GPU idles {idle['gap-policy']:.1%} of the switch server's traced steps against "
+            f"{idle['gap-base']:.1%} of the plain server's; the host's own time that changed most per step: "
+            f"{found['host_self_ms']['top'][:8]}"
+        )
+        ratio = found["kernel_ms"]["other_over_base"]
+        assert ratio is not None and ratio <= 1 + ENVELOPE, (
+            f"the switch server's kernels take {ratio} x the plain server's per step; the largest changes: "
+            f"{found['kernel_ms']['top'][:5]}"
         )
 
 
-def trace_summary(path: Path) -> dict[str, Any]:
-    """One EXTEND trace: kernel milliseconds by name, the GPU's span, busy and idle time, the host's CUDA calls."""
+def trace_summary(path: Path, top: int = 60) -> dict[str, Any]:
+    """One trace: scheduler steps, kernel milliseconds by name, the GPU's span, busy and idle time, the host's own
+    time by name (its `top` names) and its CUDA calls."""
     trace = trace_kernels.load(path)
+    own = trace_kernels.host_self(trace)
     return {
         "file": path.name,
+        "steps": trace_kernels.count(trace, STEP),
         "kernel_ms": trace_kernels.totals(trace),
         "gpu": trace_kernels.gpu_time(trace),
+        "host_self_ms": dict(sorted(own.items(), key=lambda kv: -kv[1])[:top]),
         "runtime_ms": trace_kernels.totals(trace, cats=trace_kernels.RUNTIME_CATS),
     }
 

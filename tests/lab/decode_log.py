@@ -173,25 +173,23 @@ def prefill_view(rows: Sequence[PrefillLine], *, chunk: int, min_running: int = 
             "input_tok_s_p25": round(q[0], 1), "input_tok_s_p75": round(q[2], 1)}  # fmt: skip
 
 
-_PROFILE_START = re.compile(r"Profiling starts for EXTEND\b")
-_PROFILE_STOP = re.compile(r"Stop profiling-EXTEND\b")
+_PROFILE_START = re.compile(r"Profiling starts\b")
+_PROFILE_STOP = re.compile(r"Stop profiling\b")
 
 
-def profiled_prefill_tokens(text: Iterable[str]) -> list[int]:
-    """New tokens of the prefills each EXTEND profile of SGLang's profiler (`/start_profile` by stage) covered, in
-    order: the prefill logged just before "Profiling starts for EXTEND" (it triggered the start) and every prefill
-    logged after it up to "Stop profiling-EXTEND" (the scheduler logs a batch before running it)."""
-    covered: list[int] = []
-    last: int | None = None
-    window: int | None = None
+def profiled_prefills(text: Iterable[str]) -> list[dict[str, int]]:
+    """Each window of SGLang's profiler (from "Profiling starts" to "Stop profiling", by stage or not), in order: the
+    prefills logged in it and their new tokens. A window that never stopped is not counted."""
+    covered: list[dict[str, int]] = []
+    window: dict[str, int] | None = None
     for raw in text:
         m = _PREFILL.search(raw)
         if m is not None:
-            last = int(m["tokens"])
             if window is not None:
-                window += last
+                window["prefills"] += 1
+                window["new_tokens"] += int(m["tokens"])
         elif _PROFILE_START.search(raw):
-            window = last or 0
+            window = {"prefills": 0, "new_tokens": 0}
         elif _PROFILE_STOP.search(raw) and window is not None:
             covered.append(window)
             window = None

@@ -1,6 +1,7 @@
 """The envelope-profile phase's reading of SGLang's profiler traces (tests/gpu/test_sglang_envelope.py): the Chrome
-trace torch.profiler writes (`<id>-TP-0-EXTEND.trace.json.gz` from `/start_profile` with `profile_by_stage`), summed
-per kernel name, and two servers' prefill traces set side by side."""
+trace torch.profiler writes (`<id>-TP-0.trace.json.gz` from `/start_profile` with `num_steps`), summed per kernel
+name, the GPU's idle time, the host's own time per Python function and op (SGLang profiles with its stack), and two
+servers' traces set side by side."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver"})  # the host's CUDA calls: synchronizations show here
+HOST_CATS = frozenset({"python_function", "cpu_op", "user_annotation"}) | RUNTIME_CATS
 MAX_TRACE_BYTES = 512 << 20  # a few prefill steps' trace is tens of MB; refuse to inflate more
 
 
@@ -28,16 +30,21 @@ def load(path: Path) -> dict[str, Any]:
     return trace
 
 
+def _complete(e: Any, cats: frozenset[str]) -> bool:
+    return (
+        isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in cats
+        and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0
+    )  # fmt: skip
+
+
 def totals(trace: Mapping[str, Any], cats: Iterable[str] = GPU_CATS) -> dict[str, float]:
     """Milliseconds per event name over the complete ("X") events of the given categories."""
     wanted = frozenset(cats)
     out: dict[str, float] = {}
     for e in trace["traceEvents"]:
-        if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in wanted:
-            dur = e.get("dur")
-            if isinstance(dur, (int, float)) and dur >= 0:
-                name = str(e.get("name", "?"))
-                out[name] = out.get(name, 0.0) + dur / 1000.0
+        if _complete(e, wanted):
+            name = str(e.get("name", "?"))
+            out[name] = out.get(name, 0.0) + e["dur"] / 1000.0
     return out
 
 
@@ -45,11 +52,8 @@ def gpu_time(trace: Mapping[str, Any]) -> dict[str, float]:
     """The GPU's timeline in the trace: `span_ms` from the first GPU event's start to the last one's end, `busy_ms`
     the union of their intervals, `idle_ms` the rest (the GPU waiting on the host)."""
     spans = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-        for e in trace["traceEvents"]
-        if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in GPU_CATS
-        and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0
-    )  # fmt: skip
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in trace["traceEvents"] if _complete(e, GPU_CATS)
+    )
     if not spans:
         return {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0}
     busy, (start, end) = 0.0, spans[0]
@@ -64,6 +68,37 @@ def gpu_time(trace: Mapping[str, Any]) -> dict[str, float]:
         "busy_ms": round(busy / 1000, 4),
         "idle_ms": round((span - busy) / 1000, 4),
     }
+
+
+def host_self(trace: Mapping[str, Any], cats: Iterable[str] = HOST_CATS) -> dict[str, float]:
+    """Milliseconds per event name of the host's own time: each event's duration less that of the events nested in
+    it on its thread (a Python function's time outside the functions, ops and CUDA calls it made)."""
+    wanted = frozenset(cats)
+    threads: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for e in trace["traceEvents"]:
+        if _complete(e, wanted):
+            threads.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    own: dict[str, float] = {}
+    for events in threads.values():
+        events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+        stack: list[tuple[float, str]] = []  # (end, name) of the open events
+        for e in events:
+            ts, dur, name = float(e["ts"]), float(e["dur"]), str(e.get("name", "?"))
+            while stack and stack[-1][0] <= ts:
+                stack.pop()
+            if stack:  # nested: its time is not its parent's own
+                parent = stack[-1][1]
+                own[parent] = own.get(parent, 0.0) - min(dur, stack[-1][0] - ts) / 1000.0
+            own[name] = own.get(name, 0.0) + dur / 1000.0
+            stack.append((ts + dur, name))
+    return own
+
+
+def count(trace: Mapping[str, Any], suffix: str, cats: Iterable[str] = ("python_function",)) -> int:
+    """How many complete events of the given categories have a name ending in `suffix` (": run_batch" counts the
+    scheduler's steps)."""
+    wanted = frozenset(cats)
+    return sum(1 for e in trace["traceEvents"] if _complete(e, wanted) and str(e.get("name", "")).endswith(suffix))
 
 
 def compare(base: Sequence[Mapping[str, float]], other: Sequence[Mapping[str, float]], top: int = 20) -> dict[str, Any]:

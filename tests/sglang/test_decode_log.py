@@ -70,19 +70,21 @@ PREFILL_LINE = (
 )  # the switch server's line (gap-policy-tail.log), its token count varied
 
 
-def test_each_extend_profile_counts_the_prefills_it_covered() -> None:
-    # The profiler's lines as SGLang 0.5.16 profiler_manager.py logs them.
+def test_each_profile_window_counts_the_prefills_logged_in_it() -> None:
+    # The profiler's lines as SGLang 0.5.16 profiler_manager.py logs them, with num_steps and by stage.
     text = [
-        PREFILL_LINE.format(n=100),
-        PREFILL_LINE.format(n=8192),  # triggers the start: logged before it runs
-        "[2026-12-06 19:00:00] Profiling starts for EXTEND. Traces will be saved to: /tmp/p (with profile id: a)",
+        PREFILL_LINE.format(n=100),  # before any window
+        "[2026-12-06 19:00:00] Profiling starts. Traces will be saved to: /tmp/p (with profile id: a)",
+        PREFILL_LINE.format(n=8192),
         PREFILL_LINE.format(n=4000),
-        "[2026-12-06 19:00:01] Stop profiling-EXTEND...",
-        "[2026-12-06 19:00:01] Profiling starts for DECODE. Traces will be saved to: /tmp/p (with profile id: a)",
-        PREFILL_LINE.format(n=300),
-        "[2026-12-06 19:00:02] Stop profiling-DECODE...",
+        "[2026-12-06 19:00:01] Stop profiling...",
+        PREFILL_LINE.format(n=50),  # between windows
         "[2026-12-06 19:00:05] Profiling starts for EXTEND. Traces will be saved to: /tmp/p (with profile id: b)",
         "[2026-12-06 19:00:06] Stop profiling-EXTEND...",
-        "[2026-12-06 19:00:07] Profiling starts for EXTEND. Traces will be saved to: /tmp/p (with profile id: c)",
-    ]  # the third profile never stopped: not counted
-    assert decode_log.profiled_prefill_tokens(text) == [8192 + 4000, 300]
+        "[2026-12-06 19:00:07] Profiling starts. Traces will be saved to: /tmp/p (with profile id: c)",
+        PREFILL_LINE.format(n=300),
+    ]  # the third window never stopped: not counted
+    assert decode_log.profiled_prefills(text) == [
+        {"prefills": 2, "new_tokens": 8192 + 4000},
+        {"prefills": 0, "new_tokens": 0},
+    ]

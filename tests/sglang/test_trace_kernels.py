@@ -20,12 +20,14 @@ def test_a_real_trace_is_summed_per_op_name(tmp_path: Path) -> None:
     plain = tmp_path / "t.json"
     # A fresh interpreter: torch.profiler imports torch._dynamo, which fails where ansible (imported by other tests in
     # this process) has replaced sys.intern.
-    script = (
+    script = (  # with_stack as SGLang's /start_profile sets it: the trace carries the Python calls
         "import sys, torch\n"
         "a = torch.ones(64, 64)\n"
-        "with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:\n"
+        "def run_batch():\n"
+        "    return torch.mm(a, a)\n"
+        "with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as prof:\n"
         "    for _ in range(3):\n"
-        "        torch.mm(a, a)\n"
+        "        run_batch()\n"
         "prof.export_chrome_trace(sys.argv[1])\n"
     )
     run = subprocess.run([sys.executable, "-c", script, str(plain)], capture_output=True, text=True, timeout=300)
@@ -40,12 +42,38 @@ def test_a_real_trace_is_summed_per_op_name(tmp_path: Path) -> None:
     assert len(mm) == 3 and ops["aten::mm"] == pytest.approx(sum(e["dur"] for e in mm) / 1000)
     assert trace_kernels.totals(trace) == {}  # no GPU here: no kernel events
 
+    assert trace_kernels.count(trace, ": run_batch") == 3  # the Python events name <file>(<line>): <function>
+    own = trace_kernels.host_self(trace)
+    step = next(n for n in own if n.endswith(": run_batch"))
+    inclusive = trace_kernels.totals(trace, cats={"python_function"})[step]
+    assert 0 <= own[step] < inclusive  # the matmuls it called are not its own time
+    assert own["aten::mm"] <= ops["aten::mm"]
+
 
 def test_a_file_that_is_not_a_trace_is_named(tmp_path: Path) -> None:
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"events": []}))
     with pytest.raises(ValueError, match=r"x.json: not a Chrome trace"):
         trace_kernels.load(bad)
+
+
+def test_host_self_time_takes_out_what_each_call_made_on_its_thread() -> None:
+    def host(name: str, ts: float, dur: float, tid: int = 1, cat: str = "python_function") -> dict[str, object]:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+    trace = {"traceEvents": [
+        host("loop", 0, 10000),
+        host("run_batch", 1000, 4000),
+        host("aten::mm", 1500, 1000, cat="cpu_op"),
+        host("cudaLaunchKernel", 1600, 500, cat="cuda_runtime"),
+        host("process_result", 6000, 3000),
+        host("run_batch", 0, 2000, tid=2),  # another thread: not nested in "loop"
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 1700, "dur": 9000},  # the GPU's: not host time
+    ]}  # fmt: skip
+    assert trace_kernels.host_self(trace) == {
+        "loop": 3.0, "run_batch": 3.0 + 2.0, "aten::mm": 0.5, "cudaLaunchKernel": 0.5, "process_result": 3.0,
+    }  # fmt: skip
+    assert trace_kernels.count(trace, "run_batch") == 2
 
 
 def test_compare_means_per_trace_and_ranks_the_changes() -> None:
