@@ -389,7 +389,7 @@ class TestEnvelopeProfile:
             return [{k: v / max(1, t["steps"]) for k, v in t[key].items()} for t in runs[name]["traces"]]
 
         found = {key: trace_kernels.compare(per_step(key, "gap-base"), per_step(key, "gap-policy"), top=30)
-                 for key in ("kernel_ms", "host_self_ms", "runtime_ms")}  # fmt: skip
+                 for key in ("kernel_ms", "host_self_ms", "idle_blame_ms", "runtime_ms")}  # fmt: skip
         timeline = {n: [t["gpu"] for t in r["traces"]] for n, r in runs.items()}
         idle = {n: sum(t["idle_ms"] for t in v) / max(1e-9, sum(t["span_ms"] for t in v)) for n, v in timeline.items()}
         save("profile-gap.json", {"unit": "ms per scheduler step", "gpu_idle_share": idle, "gpu_timeline": timeline,
@@ -398,8 +398,8 @@ class TestEnvelopeProfile:
         assert all(t["steps"] for r in runs.values() for t in r["traces"]), "a trace without a scheduler step"
         assert idle["gap-policy"] <= idle["gap-base"] + ENVELOPE, (
             f"the GPU idles {idle['gap-policy']:.1%} of the switch server's traced steps against "
-            f"{idle['gap-base']:.1%} of the plain server's; the host's own time that changed most per step: "
-            f"{found['host_self_ms']['top'][:8]}"
+            f"{idle['gap-base']:.1%} of the plain server's; what the host did while the GPU waited, by its change "
+            f"per step: {found['idle_blame_ms']['top'][:8]}"
         )
         ratio = found["kernel_ms"]["other_over_base"]
         assert ratio is not None and ratio <= 1 + ENVELOPE, (
@@ -410,15 +410,16 @@ class TestEnvelopeProfile:
 
 def trace_summary(path: Path, top: int = 60) -> dict[str, Any]:
     """One trace: scheduler steps, kernel milliseconds by name, the GPU's span, busy and idle time, the host's own
-    time by name (its `top` names) and its CUDA calls."""
+    time by name and the part of it while the GPU idled (their `top` names), and its CUDA calls."""
     trace = trace_kernels.load(path)
-    own = trace_kernels.host_self(trace)
+    own, blame = trace_kernels.host_self(trace), trace_kernels.idle_blame(trace)
     return {
         "file": path.name,
         "steps": trace_kernels.count(trace, STEP),
         "kernel_ms": trace_kernels.totals(trace),
         "gpu": trace_kernels.gpu_time(trace),
         "host_self_ms": dict(sorted(own.items(), key=lambda kv: -kv[1])[:top]),
+        "idle_blame_ms": dict(sorted(blame.items(), key=lambda kv: -kv[1])[:top]),
         "runtime_ms": trace_kernels.totals(trace, cats=trace_kernels.RUNTIME_CATS),
     }
 

@@ -5,9 +5,11 @@ servers' traces set side by side."""
 
 from __future__ import annotations
 
+import bisect
 import gzip
+import itertools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,50 +50,91 @@ def totals(trace: Mapping[str, Any], cats: Iterable[str] = GPU_CATS) -> dict[str
     return out
 
 
-def gpu_time(trace: Mapping[str, Any]) -> dict[str, float]:
-    """The GPU's timeline in the trace: `span_ms` from the first GPU event's start to the last one's end, `busy_ms`
-    the union of their intervals, `idle_ms` the rest (the GPU waiting on the host)."""
+def _busy(trace: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """The union of the GPU events' intervals (microseconds), in order."""
     spans = sorted(
         (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in trace["traceEvents"] if _complete(e, GPU_CATS)
     )
-    if not spans:
+    merged: list[tuple[float, float]] = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def gpu_time(trace: Mapping[str, Any]) -> dict[str, float]:
+    """The GPU's timeline in the trace: `span_ms` from the first GPU event's start to the last one's end, `busy_ms`
+    the union of their intervals, `idle_ms` the rest (the GPU waiting on the host)."""
+    busy = _busy(trace)
+    if not busy:
         return {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0}
-    busy, (start, end) = 0.0, spans[0]
-    for a, b in spans[1:]:
-        if a > end:
-            busy, start = busy + end - start, a
-        end = max(end, b)
-    busy += end - start
-    span = max(b for _, b in spans) - spans[0][0]
-    return {
-        "span_ms": round(span / 1000, 4),
-        "busy_ms": round(busy / 1000, 4),
-        "idle_ms": round((span - busy) / 1000, 4),
-    }
+    span = busy[-1][1] - busy[0][0]
+    on = sum(b - a for a, b in busy)
+    return {"span_ms": round(span / 1000, 4), "busy_ms": round(on / 1000, 4), "idle_ms": round((span - on) / 1000, 4)}
 
 
-def host_self(trace: Mapping[str, Any], cats: Iterable[str] = HOST_CATS) -> dict[str, float]:
-    """Milliseconds per event name of the host's own time: each event's duration less that of the events nested in
-    it on its thread (a Python function's time outside the functions, ops and CUDA calls it made)."""
+def _own_segments(trace: Mapping[str, Any], cats: Iterable[str]) -> Iterator[tuple[str, float, float]]:
+    """(name, start, end) of each host event's own time: its interval less those of the events nested in it on its
+    thread (a Python function's time outside the functions, ops and CUDA calls it made)."""
     wanted = frozenset(cats)
     threads: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
     for e in trace["traceEvents"]:
         if _complete(e, wanted):
             threads.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-    own: dict[str, float] = {}
     for events in threads.values():
-        events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
-        stack: list[tuple[float, str]] = []  # (end, name) of the open events
-        for e in events:
-            ts, dur, name = float(e["ts"]), float(e["dur"]), str(e.get("name", "?"))
-            while stack and stack[-1][0] <= ts:
-                stack.pop()
-            if stack:  # nested: its time is not its parent's own
-                parent = stack[-1][1]
-                own[parent] = own.get(parent, 0.0) - min(dur, stack[-1][0] - ts) / 1000.0
-            own[name] = own.get(name, 0.0) + dur / 1000.0
-            stack.append((ts + dur, name))
+        yield from _thread_segments(sorted(events, key=lambda e: (float(e["ts"]), -float(e["dur"]))))
+
+
+def _close_until(stack: list[list[Any]], t: float) -> Iterator[tuple[str, float, float]]:
+    """Close the open events that end by `t`: their last own segment, and their parent's own time resumes."""
+    while stack and stack[-1][0] <= t:
+        end, name, cursor = stack.pop()
+        if end > cursor:
+            yield name, cursor, end
+        if stack:
+            stack[-1][2] = max(stack[-1][2], end)
+
+
+def _thread_segments(events: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, float, float]]:
+    stack: list[list[Any]] = []  # [end, name, start of its running own segment] of the open events
+    for e in events:
+        ts, dur = float(e["ts"]), float(e["dur"])
+        yield from _close_until(stack, ts)
+        if stack and ts > stack[-1][2]:
+            yield stack[-1][1], stack[-1][2], ts
+        if stack:
+            stack[-1][2] = max(stack[-1][2], ts)
+        stack.append([ts + min(dur, stack[-1][0] - ts if stack else dur), str(e.get("name", "?")), ts])
+    yield from _close_until(stack, float("inf"))
+
+
+def host_self(trace: Mapping[str, Any], cats: Iterable[str] = HOST_CATS) -> dict[str, float]:
+    """Milliseconds of the host's own time per event name (see _own_segments)."""
+    own: dict[str, float] = {}
+    for name, a, b in _own_segments(trace, cats):
+        own[name] = own.get(name, 0.0) + (b - a) / 1000.0
     return own
+
+
+def idle_blame(trace: Mapping[str, Any], cats: Iterable[str] = HOST_CATS) -> dict[str, float]:
+    """Milliseconds per host event name of its own time that fell while the GPU idled within the traced span: what
+    the host was doing when the GPU waited for it."""
+    busy = _busy(trace)
+    gaps = [(a[1], b[0]) for a, b in itertools.pairwise(busy)]
+    if not gaps:
+        return {}
+    starts = [g[0] for g in gaps]
+    out: dict[str, float] = {}
+    for name, a, b in _own_segments(trace, cats):
+        i = max(0, bisect.bisect_right(starts, a) - 1)
+        while i < len(gaps) and gaps[i][0] < b:
+            overlap = min(b, gaps[i][1]) - max(a, gaps[i][0])
+            if overlap > 0:
+                out[name] = out.get(name, 0.0) + overlap / 1000.0
+            i += 1
+    return out
 
 
 def count(trace: Mapping[str, Any], suffix: str, cats: Iterable[str] = ("python_function",)) -> int:

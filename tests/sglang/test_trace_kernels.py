@@ -76,6 +76,21 @@ def test_host_self_time_takes_out_what_each_call_made_on_its_thread() -> None:
     assert trace_kernels.count(trace, "run_batch") == 2
 
 
+def test_idle_blame_is_the_host_own_time_while_the_gpu_waited() -> None:
+    def ev(cat: str, name: str, ts: float, dur: float) -> dict[str, object]:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+    trace = {"traceEvents": [
+        ev("kernel", "a", 0, 1000), ev("kernel", "b", 3000, 1000), ev("kernel", "c", 4500, 500),  # idle 1-3, 4-4.5 ms
+        ev("python_function", "process_result", 500, 3000),  # own time 0.5-2.0 and 2.5-3.5 ms
+        ev("cpu_op", "aten::copy_", 2000, 500),
+        ev("python_function", "prepare", 3900, 800),
+    ]}  # fmt: skip
+    assert trace_kernels.idle_blame(trace) == pytest.approx({"process_result": 1.5, "aten::copy_": 0.5, "prepare": 0.5})
+    assert trace_kernels.host_self(trace) == pytest.approx({"process_result": 2.5, "aten::copy_": 0.5, "prepare": 0.8})
+    assert trace_kernels.idle_blame({"traceEvents": [ev("kernel", "a", 0, 10)]}) == {}
+
+
 def test_compare_means_per_trace_and_ranks_the_changes() -> None:
     base = [{"gemm": 10.0, "attn": 4.0}, {"gemm": 12.0, "attn": 4.0}]
     other = [{"gemm": 11.0, "attn": 6.0, "cat_aux": 3.0}]
