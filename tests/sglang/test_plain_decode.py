@@ -82,23 +82,40 @@ def test_switch_guards_the_draft_prefill_after_the_target_prefill(version: str) 
 
 
 def _skip_decision(version: str) -> Callable[[object, object], bool]:
-    """The patch's `_sm120kit_skip_draft_prefill`, compiled from the patched worker on its own."""
+    """The patch's `_sm120kit_skip_draft_prefill` with `_sm120kit_live_requests`, compiled from the patched worker
+    on their own: decide(worker, batch)."""
     import textwrap
 
     text = plain_decode.add_switch(_worker(release_dir(version) / "sglang"), version)
-    name = "_sm120kit_skip_draft_prefill"
-    fn = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == name)
+    names = ("_sm120kit_skip_draft_prefill", "_sm120kit_live_requests")
     namespace: dict[str, Any] = {}
-    exec(textwrap.dedent(ast.get_source_segment(text, fn) or ""), namespace)  # our own patch's method
-    decide: Callable[[object, object], bool] = namespace[name]
+    for fn in (n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name in names):
+        exec(textwrap.dedent(ast.get_source_segment(text, fn) or ""), namespace)  # our own patch's methods
+    assert set(names) <= set(namespace), f"{version}: the patch lacks {names}"
+    skip, live = namespace[names[0]], namespace[names[1]]
+
+    def decide(worker: Any, batch: object) -> bool:
+        worker._sm120kit_live_requests = lambda: live(worker)
+        return bool(skip(worker, batch))
+
     return decide
+
+
+class _Pool:
+    """SGLang's ReqToTokenPool as the guard reads it: `size` slots, `available_size()` of them free (the class itself
+    allocates its table on the GPU)."""
+
+    def __init__(self, size: int, live: int) -> None:
+        self.size, self.free_slots = size, list(range(1, size - live + 1))
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
 
 
 @pytest.mark.parametrize("version", SUPPORTED)
 def test_a_prefill_skips_the_draft_only_when_the_batch_it_joins_decodes_plain(version: str) -> None:
-    """The decision alone, on stand-ins for the worker and the batch (SGLang's objects need its GPU runtime; the
-    GPU run, tests/gpu/test_sglang_envelope.py, runs it in the server)."""
-    import time
+    """The decision alone, on stand-ins for the worker, its request pool and the batch (SGLang's objects need its GPU
+    runtime; the GPU run, tests/gpu/test_sglang_envelope.py, runs it in the server)."""
     from types import SimpleNamespace
 
     decide = _skip_decision(version)
@@ -106,34 +123,60 @@ def test_a_prefill_skips_the_draft_only_when_the_batch_it_joins_decodes_plain(ve
     def batch(n: int, idle: bool = False) -> SimpleNamespace:
         return SimpleNamespace(seq_lens=SimpleNamespace(shape=(n,)), forward_mode=SimpleNamespace(is_idle=lambda: idle))
 
-    def worker(min_bs: int | None, last_bs: int, ago_s: float, dp: bool = False) -> SimpleNamespace:
+    def worker(min_bs: int | None, live: int, dp: bool = False) -> SimpleNamespace:
         return SimpleNamespace(
             _sm120kit_plain=("backend", "graphs"),
             _sm120kit_plain_min_bs=min_bs,
-            _sm120kit_last_decode=(last_bs, time.monotonic() - ago_s),
+            req_to_token_pool=_Pool(256, live),
             server_args=SimpleNamespace(enable_dp_attention=dp),
         )
 
-    assert decide(worker(30, 25, 0.0), batch(5)) is True  # 25 running + 5 admitted reach 30
-    assert decide(worker(30, 25, 0.0), batch(4)) is False
-    assert decide(worker(30, 0, 0.0), batch(40)) is True  # a burst alone reaches it
-    assert decide(worker(30, 250, 5.0), batch(1)) is False  # the last decode batch is long gone: nothing runs
-    assert decide(worker(None, 250, 0.0), batch(250)) is False  # no threshold: adaptive or plain speculation
-    assert decide(worker(30, 250, 0.0), batch(8, idle=True)) is False
-    assert decide(worker(30, 250, 0.0, dp=True), batch(8)) is False
+    # The pool's live slots already count the prefill's own requests (the scheduler allocates them before the run).
+    assert decide(worker(30, 30), batch(5)) is True  # 25 running + 5 admitted reach 30
+    assert decide(worker(30, 29), batch(4)) is False
+    assert decide(worker(57, 60), batch(25)) is True  # a ramp's later chunk: the earlier chunks hold their slots
+    assert decide(worker(57, 35), batch(25)) is False  # its first chunks: the draft still fills the prompts' KV
+    assert decide(worker(30, 1), batch(1)) is False  # one request after an idle spell, whatever ran before
+    assert decide(worker(None, 250), batch(250)) is False  # no threshold: adaptive or plain speculation
+    assert decide(worker(30, 250), batch(8, idle=True)) is False
+    assert decide(worker(30, 250, dp=True), batch(8)) is False
     assert decide(SimpleNamespace(_sm120kit_plain_min_bs=30), batch(40)) is False  # graphs never captured
 
 
-def test_a_tree_with_the_earlier_switch_is_refused_until_reverted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_the_request_pool_the_guard_reads_is_sglangs() -> None:
+    """`size` and `available_size()` as the guard reads them, on each supported release's ReqToTokenPool source."""
+    for version in SUPPORTED:
+        source = (release_dir(version) / "sglang" / "srt" / "mem_cache" / "memory_pool.py").read_text(encoding="utf-8")
+        cls = next(
+            n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "ReqToTokenPool"
+        )
+        init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+        available = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "available_size")
+        assert "self.size = size" in (ast.get_source_segment(source, init) or ""), version
+        assert "self.free_slots = list(range(1, self._alloc_size))" in (ast.get_source_segment(source, init) or "")
+        assert "return len(self.free_slots)" in (ast.get_source_segment(source, available) or ""), version
+        assert "self._alloc_size = size + 1" in (ast.get_source_segment(source, init) or ""), version
+
+
+def _without_guard(text: str) -> str:  # the first switch: no prefill guard
+    return "".join(line for line in text.splitlines(True) if "draft_prefill(batch" not in line)
+
+
+def _clock_guard(text: str) -> str:  # the second: a guard without the request pool's count (its marker method)
+    return text.replace("_sm120kit_live_requests", "_sm120kit_recent_decode")
+
+
+@pytest.mark.parametrize("make_earlier", [_without_guard, _clock_guard], ids=["no-guard", "clock-guard"])
+def test_a_tree_with_an_earlier_switch_is_refused_until_reverted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_earlier: Callable[[str], str]
 ) -> None:
-    """A tree patched by a release of sm120check whose switch had no prefill guard: scan says so, patch refuses
-    with the fix and changes nothing, and revert then patch gives the current switch."""
+    """A tree patched by a release of sm120check with an earlier switch: scan says so, patch refuses with the fix
+    and changes nothing, and revert then patch gives the current switch."""
     tree = _copy(tmp_path, "0.5.16")
     current = plain_decode.add_switch
 
-    def earlier(text: str, version: str) -> str:  # the earlier switch: the current one without the prefill guard
-        return "".join(line for line in current(text, version).splitlines(True) if "draft_prefill(batch" not in line)
+    def earlier(text: str, version: str) -> str:
+        return make_earlier(current(text, version))
 
     with monkeypatch.context() as m:
         m.setattr(plain_decode, "add_switch", earlier)

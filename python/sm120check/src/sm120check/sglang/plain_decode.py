@@ -13,10 +13,11 @@ verify graphs, the custom-mask attention path and the speculative accept kernel.
   is skipped and its next input stubbed (as `SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND` does); the draft's first round
   after the batch shrinks drafts from that stub and is rejected, the next rounds draft from the target's tokens.
 - Batches that ask for logprobs, a grammar or hidden states keep SGLang's 0-step path.
-- With the threshold set, a prefill skips the draft's extend when the batch it joins will decode plain: the last
-  decode batch (launched less than PREFILL_WINDOW_S ago) plus the prefill's requests reach the threshold. The guard
-  sits before the `with` block that calls `_draft_extend_for_prefill`; the prefill's next draft input is stubbed as
-  the plain decode's is. The draft's KV cache then lacks those prompts, as it lacks the tokens decoded plain: a
+- With the threshold set, a prefill skips the draft's extend when the batch it joins will decode plain: the
+  requests holding a slot of the shared request pool (the running ones, this prefill's, a chunked one) reach the
+  threshold. Every rank's scheduler allocates those slots alike, so under tensor parallelism every rank decides alike
+  (the draft's extend runs collectives). The guard sits before the `with` block that calls
+  `_draft_extend_for_prefill`; the prefill's next draft input is stubbed as the plain decode's is. The draft's KV cache then lacks those prompts, as it lacks the tokens decoded plain: a
   request that later speculates drafts from the target's tokens with that gap (the outputs are the target's either
   way). Adaptive servers (0-step slots, no threshold) keep the draft's prefill.
 - Rank 0 logs `sm120kit plain decode batches: {json}` every LOG_EVERY decode batches: cumulative counts of plain and
@@ -45,8 +46,8 @@ LOG_EVERY = 200
 MAX_RECORD_CHARS = 1 << 16  # a count line of the patch's is a few hundred characters; a longer one is not its
 _CALL_WANTED = "self._sm120kit_plain_decode_wanted(batch)"
 _CALL_PREFILL = "self._sm120kit_skip_draft_prefill(batch)"
-PREFILL_WINDOW_S = 1.0  # a decode batch launched this recently is still running when the next prefill comes
 _INIT_CALL = "self._sm120kit_plain_decode_init()"
+_MARK_CURRENT = "def _sm120kit_live_requests("  # the method only the current version of the switch has
 # Module-level names the added methods use, bound by the worker module of both releases
 NEEDED_NAMES = ("GenerationBatchResult", "EagleDraftInput", "log_info_on_rank0", "logger", "torch")
 
@@ -64,7 +65,6 @@ def _sm120kit_plain_decode_init(self):
     self._sm120kit_plain_min_bs = int(raw) if raw else None
     self._sm120kit_counts = {{"plain": {{}}, "speculative": {{}}, "draft_prefills_skipped": 0}}
     self._sm120kit_decode_batches = 0
-    self._sm120kit_last_decode = (0, 0.0)  # (batch size, time.monotonic()) of the last decode batch
     mr = self._target_worker.model_runner
     saved = (mr.spec_algorithm, mr.attn_backend, mr.decode_cuda_graph_runner, mr.init_new_workspace)
     mr.spec_algorithm = SpeculativeAlgorithm.from_string(None)
@@ -85,10 +85,7 @@ def _sm120kit_plain_decode_wanted(self, batch):
     """Whether this decode batch runs as a plain decode; counts every decode batch by size."""
     if getattr(self, "_sm120kit_plain", None) is None or batch.forward_mode.is_idle():
         return False
-    import time
-
     bs = batch.seq_lens.shape[0]
-    self._sm120kit_last_decode = (bs, time.monotonic())
     plain = (
         batch.spec_info is not None
         and not batch.spec_info.is_verify_input()
@@ -115,16 +112,17 @@ def _sm120kit_plain_decode_wanted(self, batch):
 
 def _sm120kit_skip_draft_prefill(self, batch):
     """Whether this prefill skips the draft's extend: the batch it joins reaches the plain threshold."""
-    import time
-
     min_bs = getattr(self, "_sm120kit_plain_min_bs", None)
     if getattr(self, "_sm120kit_plain", None) is None or min_bs is None or batch.forward_mode.is_idle():
         return False
     if self.server_args.enable_dp_attention:
         return False
-    last_bs, at = self._sm120kit_last_decode
-    running = last_bs if time.monotonic() - at < {PREFILL_WINDOW_S} else 0
-    return running + batch.seq_lens.shape[0] >= min_bs
+    return self._sm120kit_live_requests() >= min_bs
+
+def _sm120kit_live_requests(self):
+    """Requests holding a slot of the request pool the scheduler shares: running, being prefilled, chunked."""
+    pool = self.req_to_token_pool
+    return pool.size - pool.available_size()
 
 def _sm120kit_stub_draft_prefill(self, batch, batch_output):
     """The prefill's result without the draft's extend: its next draft input stubbed as a plain decode's."""
@@ -247,16 +245,18 @@ def _zero_step_branch(fn: ast.FunctionDef) -> ast.If | None:
 
 
 def applied(text: str) -> bool:
-    return all(s in text for s in (_CALL_WANTED, _INIT_CALL, _CALL_PREFILL, "def _sm120kit_stub_draft_prefill("))
+    return all(s in text for s in (_CALL_WANTED, _INIT_CALL, _CALL_PREFILL, _MARK_CURRENT))
 
 
 def earlier(text: str) -> bool:
-    """An earlier version of the switch (plain decode without the prefill guard) is in the worker."""
+    """An earlier version of the switch is in the worker: plain decode without the prefill guard, or with the guard
+    that read the last decode batch's size and time in place of the request pool."""
     return not applied(text) and "_sm120kit_plain_decode" in text
 
 
 EARLIER = (
-    "an earlier version of the speculation switch is in this tree (without the draft-prefill guard); "
+    "an earlier version of the speculation switch is in this tree (without the draft-prefill guard, or with one "
+    "that judged the batch by the last decode batch and a clock); "
     "run `sm120check sglang patch --revert`, then patch again with --plain-decode"
 )
 
