@@ -19,7 +19,8 @@ verify graphs, the custom-mask attention path and the speculative accept kernel.
   (the draft's extend runs collectives). The guard sits before the `with` block that calls
   `_draft_extend_for_prefill`; the prefill's next draft input is stubbed as the plain decode's is. The draft's KV
   cache then lacks those prompts, as it lacks the tokens decoded plain: a request that later speculates drafts from
-  the target's tokens with that gap (the outputs are the target's either way). Adaptive servers (0-step slots, no threshold) keep the draft's prefill.
+  the target's tokens with that gap (the outputs are the target's either way). Adaptive servers (0-step slots, no
+  threshold) keep the draft's prefill.
 - Rank 0 logs `sm120kit plain decode batches: {json}` every LOG_EVERY decode batches: cumulative counts of plain and
   speculative decode batches per batch size and of the prefills that skipped the draft (`verify-launch` and the GPU
   tests read them).
