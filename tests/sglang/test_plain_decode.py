@@ -147,9 +147,7 @@ def test_the_request_pool_the_guard_reads_is_sglangs() -> None:
     """`size` and `available_size()` as the guard reads them, on each supported release's ReqToTokenPool source."""
     for version in SUPPORTED:
         source = (release_dir(version) / "sglang" / "srt" / "mem_cache" / "memory_pool.py").read_text(encoding="utf-8")
-        cls = next(
-            n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "ReqToTokenPool"
-        )
+        cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "ReqToTokenPool")
         init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
         available = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "available_size")
         assert "self.size = size" in (ast.get_source_segment(source, init) or ""), version
