@@ -7,6 +7,7 @@ import importlib
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -29,8 +30,12 @@ class Sim:
     proc: subprocess.Popen[str]
 
 
-def start_sim(mode: str, *extra: str) -> Sim:
-    cmd = [sys.executable, "-m", "sm120check", "mock-server", "--mode", mode, "--port", "0", "--max-seconds", "600"]
+SESSION_MAX_S = 3600  # a session-wide server outlives one xdist worker's share of the suite (40 minutes when loaded)
+
+
+def start_sim(mode: str, *extra: str, max_seconds: int = 600) -> Sim:
+    cmd = [sys.executable, "-m", "sm120check", "mock-server", "--mode", mode, "--port", "0"]
+    cmd += ["--max-seconds", str(max_seconds)]
     proc = subprocess.Popen([*cmd, *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -38,6 +43,8 @@ def start_sim(mode: str, *extra: str) -> Sim:
     if not match:
         proc.kill()
         raise RuntimeError(f"simulated server did not start: {line!r}")
+    # whatever it writes later is read away: a pipe left full would block the server in its write
+    threading.Thread(target=proc.stdout.read, daemon=True).start()
     return Sim(match.group(0), proc)
 
 
@@ -55,7 +62,7 @@ def sim_factory() -> Iterator[Callable[..., Sim]]:
     started: list[Sim] = []
 
     def make(mode: str, *extra: str) -> Sim:
-        sim = start_sim(mode, *extra)
+        sim = start_sim(mode, *extra, max_seconds=SESSION_MAX_S)
         started.append(sim)
         return sim
 
