@@ -42,7 +42,7 @@
 #             compute (about 6 minutes)
 #   envelope-profile  the same two servers under the gap's top level for 36 s each while SGLang's profiler records
 #             12 scheduler steps three times (host with its Python stack, and GPU): profile-gap.json sets their GPU
-#             idle share, kernels and host time per step side by side (about 4 minutes); the traces, as many as fit
+#             idle share, kernels and host time per step side by side (about 6 minutes); the traces, as many as fit
 #             15 MiB, in $OUT/traces.tar
 #   jit-venv  $JIT_VENV (default /tmp/jit-venv) from the JIT parts carried in earlier calls of this warm machine
 #             (scripts/device/jit_carry.py: FlashInfer 0.7.2, tvm-ffi and ninja whole, over $VENV): every part checked,

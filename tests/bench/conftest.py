@@ -30,7 +30,7 @@ class Sim:
     proc: subprocess.Popen[str]
 
 
-SESSION_MAX_S = 3600  # a session-wide server outlives one xdist worker's share of the suite (40 minutes when loaded)
+SESSION_MAX_S = 3600  # a session-wide server outlasts one xdist worker's share of a loaded suite run
 
 
 def start_sim(mode: str, *extra: str, max_seconds: int = 600) -> Sim:

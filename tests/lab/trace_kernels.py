@@ -15,7 +15,9 @@ from typing import Any
 
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver"})  # the host's CUDA calls: synchronizations show here
-HOST_CATS = frozenset({"python_function", "cpu_op", "user_annotation"}) | RUNTIME_CATS
+# the host events that nest; record_function annotations ("user_annotation") can open inside one Python call and
+# close after it, so they are left out
+HOST_CATS = frozenset({"python_function", "cpu_op"}) | RUNTIME_CATS
 MAX_TRACE_BYTES = 512 << 20  # a few prefill steps' trace is tens of MB; refuse to inflate more
 
 
