@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import subprocess
 import sys
 import urllib.request
 
 from bench.conftest import SIM_ARGS, start_sim, stop_sim
+from sm120check.bench.simserver import SimModel, SimServer
 
 
 def test_mock_server_serves_the_model_it_was_given_until_terminated() -> None:
@@ -48,3 +51,49 @@ def test_mock_server_refuses_a_start_batch_above_max_batch() -> None:
     )
     assert done.returncode == 2
     assert "start_batch must be between 1 and max_batch" in done.stderr
+
+
+def test_a_client_that_stops_reading_is_dropped_and_the_others_are_served() -> None:
+    # One connection that asks for a long stream and never reads must not stop the engine: the server waits for it
+    # write_stall_s, then drops it, and a second request still gets all its tokens.
+    async def scenario() -> tuple[int, bytes]:
+        server = SimServer(SimModel("plain", a=0.001, b=0.0), write_stall_s=1.0)
+        port = await server.start()
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", port))
+        stalled.sendall(_generate_request(200_000))
+        await asyncio.sleep(1.5)  # its buffer fills at once: the engine has been waiting on it since
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_generate_request(20))
+            body = await asyncio.wait_for(reader.readuntil(b'"finish_reason":{"type":"length"'), 30)
+            writer.close()
+            stalled.setblocking(False)
+            return _cut_off(stalled), body
+        finally:
+            stalled.close()
+            await server.close()
+
+    dropped, body = asyncio.run(scenario())
+    assert b'"completion_tokens":20' in body
+    assert dropped == 1  # the stalled client was cut off, not left waiting
+
+
+def _cut_off(sock: socket.socket) -> int:
+    """1 when the server closed or reset the connection: reads what was in flight, then EOF or the reset."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(1 << 20):
+            pass
+    except ConnectionResetError:
+        return 1
+    except BlockingIOError:
+        return 0  # still open, with nothing more to read
+    return 1
+
+
+def _generate_request(tokens: int) -> bytes:
+    body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": tokens}, "stream": True}).encode()
+    head = f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from sm120check import argtypes
 
 _WRITE_HIGH_WATER = 256 * 1024
+WRITE_STALL_S = 10.0  # a client whose full buffer takes no bytes for this long is dropped, not waited on
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ class SimServer:
         metrics: bool = True,
         tp_size: int = 1,
         version: str = "sim",
+        write_stall_s: float = WRITE_STALL_S,
     ) -> None:
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour {flavour!r} must be one of {', '.join(FLAVOURS)}")
@@ -146,6 +148,7 @@ class SimServer:
         self.metrics = metrics  # llama.cpp flavour: /metrics on (llama-server --metrics)
         self.tp_size = tp_size  # reported in server_info only (the all-reduce backend a bench record names)
         self.version = version
+        self.write_stall_s = write_stall_s
         self._seen_prompts: set[str] = set()
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
@@ -247,13 +250,26 @@ class SimServer:
         self._running = still
 
     async def _drain(self) -> None:
-        for seq in self._running:
-            transport = seq.writer.transport
-            if not transport.is_closing() and transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
-                with contextlib.suppress(ConnectionError):
-                    await seq.writer.drain()
-        if not self._running:
+        full = [
+            seq
+            for seq in self._running
+            if not seq.writer.transport.is_closing()
+            and seq.writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER
+        ]
+        if full:
+            await asyncio.gather(*(self._drain_one(seq) for seq in full))
+        elif not self._running:
             await asyncio.sleep(0)
+
+    async def _drain_one(self, seq: _Seq) -> None:
+        # The engine waits for slow readers (back-pressure), but a bounded time: one client that stopped reading
+        # with its connection open would otherwise stop every other request. _step releases it at its next step.
+        try:
+            await asyncio.wait_for(seq.writer.drain(), self.write_stall_s)
+        except ConnectionError:
+            pass
+        except TimeoutError:
+            seq.writer.transport.abort()
 
     def _event(self, seq: _Seq, n: int, finished: bool, stamp: float) -> dict[str, object]:
         piece = " tok" * n
