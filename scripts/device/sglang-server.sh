@@ -35,7 +35,8 @@
 #   envelope-repeat-a, -b, -c  fixed lengths, SM120KIT_ENVELOPE_REPEATS=2 sweeps per server in its one start (the
 #             curves are their means, the record keeps each sweep and their spread), one server a call: the base
 #             server, the 7-step server, then the policy server planned from them and the verdict (about 5 minutes
-#             each)
+#             each); envelope-repeat-d adds the 3-step server and SGLang's adaptive mode, one sweep each, and the
+#             verdict on the five curves (about 6 minutes)
 #   envelope-gap  the plain server and the switch-7 launch (plain from SM120KIT_ENVELOPE_PLAIN_FROM, default 57) at
 #             C=30, 70, 100, 250 only, SM120KIT_ENVELOPE_REPEATS=2 sweeps each, in one call: gap.json holds each level's
 #             rates and GPU milliseconds per output token by forward kind, and the share of the level the GPU did not
@@ -238,6 +239,10 @@ phase_envelope_repeat_b() {
 
 phase_envelope_repeat_c() {
   SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} envelope_tests "test_sweep_the_policy_server or test_the_policy_is_on_the_envelope"
+}
+
+phase_envelope_repeat_d() {
+  SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-1} envelope_tests "(TestEnvelopeCurves and spec-3) or test_sweep_sglangs_adaptive_mode or test_the_policy_is_on_the_envelope"
 }
 
 phase_envelope_gap() {
