@@ -10,7 +10,7 @@ import sys
 import urllib.request
 
 from bench.conftest import SIM_ARGS, start_sim, stop_sim
-from sm120check.bench.simserver import SimModel, SimServer
+from sm120check.bench.simserver import _WRITE_HIGH_WATER, SimModel, SimServer
 
 
 def test_mock_server_serves_the_model_it_was_given_until_terminated() -> None:
@@ -63,8 +63,8 @@ def test_a_client_that_stops_reading_is_dropped_and_the_others_are_served() -> N
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stalled.connect(("127.0.0.1", port))
         stalled.sendall(_generate_request(200_000))
-        await asyncio.sleep(1.5)  # its buffer fills at once: the engine has been waiting on it since
         try:
+            await asyncio.wait_for(_stalled_on_a_client(server), 60)  # from here every step waits on it
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(_generate_request(20))
             body = await asyncio.wait_for(reader.readuntil(b'"finish_reason":{"type":"length"'), 30)
@@ -78,6 +78,12 @@ def test_a_client_that_stops_reading_is_dropped_and_the_others_are_served() -> N
     dropped, body = asyncio.run(scenario())
     assert b'"completion_tokens":20' in body
     assert dropped == 1  # the stalled client was cut off, not left waiting
+
+
+async def _stalled_on_a_client(server: SimServer) -> None:
+    """Until a running request's unsent output is over the high-water mark (the engine then waits on its drain)."""
+    while not any(seq.writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER for seq in server._running):
+        await asyncio.sleep(0.01)
 
 
 def _cut_off(sock: socket.socket) -> int:
