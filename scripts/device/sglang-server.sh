@@ -40,7 +40,7 @@
 #   envelope-gap  the plain server and the switch-7 launch (plain from SM120KIT_ENVELOPE_PLAIN_FROM, default 57) at
 #             C=30, 70, 100, 250 only, SM120KIT_ENVELOPE_REPEATS=2 sweeps each, in one call: gap.json holds each level's
 #             rates and GPU milliseconds per output token by forward kind, and the share of the level the GPU did not
-#             compute (about 6 minutes)
+#             compute (about 6 minutes); SM120KIT_ENVELOPE_GAP_LEVELS (e.g. 100) narrows it to some of those levels
 #   envelope-profile  the same two servers under the gap's top level for 36 s each while SGLang's profiler records
 #             12 scheduler steps three times (host with its Python stack, and GPU): profile-gap.json sets their GPU
 #             idle share, kernels and host time per step side by side (about 6 minutes); the traces, as many as fit

@@ -251,7 +251,19 @@ class TestEnvelopePolicy:
 # The gap phase: the plain server against the switch-7 launch at the levels above the crossing only, with each level's
 # GPU seconds per forward kind, so a policy that falls short of the plain server there is told apart: GPU work it adds
 # (extend, decode) or host time between forwards (the wall time the GPU did not compute).
-GAP_LEVELS = (30, 70, 100, 250)
+# SM120KIT_ENVELOPE_GAP_LEVELS (comma-separated, a subset of them) narrows the sweep to fit a short device budget.
+GAP_DEFAULT = (30, 70, 100, 250)
+
+
+def gap_levels(text: str) -> tuple[int, ...]:
+    """The gap's levels from SM120KIT_ENVELOPE_GAP_LEVELS; a value outside GAP_DEFAULT is refused, naming it."""
+    parts = [v.strip() for v in text.split(",")]
+    if not all(v.isdigit() and int(v) in GAP_DEFAULT for v in parts):
+        raise ValueError(f"SM120KIT_ENVELOPE_GAP_LEVELS={text!r}: expected a comma-separated subset of {GAP_DEFAULT}")
+    return tuple(sorted({int(v) for v in parts}))
+
+
+GAP_LEVELS = gap_levels(os.environ.get("SM120KIT_ENVELOPE_GAP_LEVELS", ",".join(map(str, GAP_DEFAULT))))
 # The switch-7 launch's threshold; the default is the crossing tiers.plan found for the synthetic pair on one GPU.
 PLAIN_FROM = int(os.environ.get("SM120KIT_ENVELOPE_PLAIN_FROM", "57"))
 
@@ -312,7 +324,7 @@ class TestEnvelopeGap:
 # The profile phase: the gap load at its top level, SGLang's own profiler asked PROFILE_AT seconds into it for
 # PROFILE_STEPS scheduler steps (host with its Python stack, and GPU), on each server of the gap: the GPU's idle time
 # within the traced span, the kernels and the host's own time per Python function, op and CUDA call, per step.
-PROFILE_C = max(GAP_LEVELS)
+PROFILE_C = max(GAP_DEFAULT)
 PROFILE_S = 36
 PROFILE_AT = (8.0, 16.0, 24.0)
 PROFILE_STEPS = 12
