@@ -72,13 +72,27 @@ def sim_factory() -> Iterator[Callable[..., Sim]]:
 
 
 @pytest.fixture(scope="session")
-def plain_sim(sim_factory: Callable[..., Sim]) -> Sim:
-    return sim_factory("plain", *SIM_ARGS)
+def session_sims() -> dict[str, Sim]:
+    return {}
 
 
-@pytest.fixture(scope="session")
-def spec_sim(sim_factory: Callable[..., Sim]) -> Sim:
-    return sim_factory("spec", *SIM_ARGS)
+def live_sim(sims: dict[str, Sim], make: Callable[..., Sim], mode: str) -> Sim:
+    """The session's `mode` server, started again when it has exited (its --max-seconds ran out in a long run, or
+    it crashed): one test's dead server is not every later test's."""
+    sim = sims.get(mode)
+    if sim is None or sim.proc.poll() is not None:
+        sim = sims[mode] = make(mode, *SIM_ARGS)
+    return sim
+
+
+@pytest.fixture
+def plain_sim(session_sims: dict[str, Sim], sim_factory: Callable[..., Sim]) -> Sim:
+    return live_sim(session_sims, sim_factory, "plain")
+
+
+@pytest.fixture
+def spec_sim(session_sims: dict[str, Sim], sim_factory: Callable[..., Sim]) -> Sim:
+    return live_sim(session_sims, sim_factory, "spec")
 
 
 def run_subcommand(*argv: str) -> int:

@@ -12,11 +12,12 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from bench.conftest import SIM_ARGS, Sim, run_subcommand, start_sim, stop_sim
+from bench.conftest import SIM_ARGS, Sim, live_sim, run_subcommand, start_sim, stop_sim
 from sm120check.bench.identity import CHANGED, SWEEP_CHANGED, LevelIdentity
 from sm120check.bench.records import read_jsonl
 
@@ -111,17 +112,23 @@ def crossover(base: Path, spec: Path) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def base_sweep(plain_sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def base_sweep(
+    session_sims: dict[str, Sim], sim_factory: Callable[..., Sim], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     out = tmp_path_factory.mktemp("base") / "base.jsonl"
-    args = ["--url", plain_sim.url, "--concurrency", "1,2", "--quiet", "--pause", "0", *BENCH, "--out", str(out)]
+    url = live_sim(session_sims, sim_factory, "plain").url
+    args = ["--url", url, "--concurrency", "1,2", "--quiet", "--pause", "0", *BENCH, "--out", str(out)]
     assert run_subcommand("bench", *args) == 0
     return out
 
 
 @pytest.fixture(scope="module")
-def spec_sweep(spec_sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def spec_sweep(
+    session_sims: dict[str, Sim], sim_factory: Callable[..., Sim], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     out = tmp_path_factory.mktemp("spec") / "spec.jsonl"
-    args = ["--url", spec_sim.url, "--concurrency", "1,2", "--quiet", "--pause", "0", *BENCH, "--out", str(out)]
+    url = live_sim(session_sims, sim_factory, "spec").url
+    args = ["--url", url, "--concurrency", "1,2", "--quiet", "--pause", "0", *BENCH, "--out", str(out)]
     assert run_subcommand("bench", *args) == 0
     return out
 

@@ -8,8 +8,9 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 
-from bench.conftest import SIM_ARGS, start_sim, stop_sim
+from bench.conftest import SIM_ARGS, Sim, live_sim, start_sim, stop_sim
 from sm120check.bench.simserver import _WRITE_HIGH_WATER, SimModel, SimServer
 
 
@@ -103,3 +104,13 @@ def _generate_request(tokens: int) -> bytes:
     body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": tokens}, "stream": True}).encode()
     head = f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
     return head.encode() + body
+
+
+def test_a_session_server_that_exited_is_started_again(sim_factory: Callable[..., Sim]) -> None:
+    sims: dict[str, Sim] = {}
+    first = live_sim(sims, sim_factory, "plain")
+    assert live_sim(sims, sim_factory, "plain") is first  # alive: the same server
+    first.proc.terminate()
+    first.proc.wait(timeout=10)
+    second = live_sim(sims, sim_factory, "plain")
+    assert second is not first and second.proc.poll() is None and sims["plain"] is second

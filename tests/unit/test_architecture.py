@@ -34,7 +34,7 @@ SHARED_FAMILY_MODULES = {
     ("comm", "sm120check.doctor.node_health.verdicts"): "the peer-copy floors are the host-copy floors of a PCIe link",
 }
 # The rooms from the bottom up, and the rooms each may import besides its own (docs/architecture.md draws them).
-BASE = "base"  # versions, bounded, safetext, strict_schema, exitcodes, findings, argtypes, console, manifest
+BASE = "base"  # versions, bounded, aio, safetext, strict_schema, exitcodes, findings, argtypes, console, manifest
 PLUMBING = "doctor plumbing"  # child, facts, model, runner, report, document, remedies, probecheck, gpu/, pcie/, ...
 FAMILY = "family"  # doctor/<family>/: one room per family, beside each other (see SHARED_FAMILY_MODULES)
 DOCTOR_CLI = "doctor top"  # the catalogue and the doctor's CLI: the only doctor modules that name the families
@@ -62,7 +62,15 @@ def module_name(path: Path) -> str:
 def room(module: str) -> tuple[str, str]:
     """(rank key, room name): the room name tells two families apart."""
     parts = module.split(".")
-    if len(parts) == 1 or parts[1] in ("versions", "bounded", "safetext", "strict_schema", "exitcodes", "findings"):
+    if len(parts) == 1 or parts[1] in (
+        "versions",
+        "bounded",
+        "aio",
+        "safetext",
+        "strict_schema",
+        "exitcodes",
+        "findings",
+    ):
         return BASE, BASE
     if parts[1] in ("argtypes", "console", "manifest", "__version__"):
         return BASE, BASE

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from sm120check.aio import stop, within
 from sm120check.bench.apis import PATHS, Api, RequestSpec, StreamFormatError, StreamTally, build_body
 from sm120check.bench.http import Connection, Endpoint, HttpError, lost
 from sm120check.bench.percentiles import Dist
@@ -133,7 +134,7 @@ async def one_request(
         return ""
 
     try:
-        error = await asyncio.wait_for(stream(), timeout)
+        error = await within(stream(), timeout)
         chunks, source = tally.finish() if not error else ([], "")
     except (HttpError, WireError, StreamFormatError) as exc:
         error, chunks, source = str(exc), [], ""
@@ -277,9 +278,7 @@ async def run_level(
         helpers.append(asyncio.ensure_future(stopper()))
     done, pending = await asyncio.wait(tasks, timeout=plan.level_timeout)
     timed_out = bool(pending)
-    for task in [*pending, *helpers]:
-        task.cancel()
-    await asyncio.gather(*pending, *helpers, return_exceptions=True)
+    await stop([*pending, *helpers])
     for task in done:
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]  # a bug in the worker, not a server failure

@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from sm120check.aio import within
 from sm120check.bench.http import Connection, Endpoint, HttpError
 from sm120check.bench.metrics import MetricsError, Scrape, draft_positions, family_for, parse
 from sm120check.sglang.allreduce_backend import Backend, BackendEvidence, combine, from_server_info
@@ -118,7 +119,7 @@ async def bounded_get(conn: Connection, path: str, timeout: float, limit: int = 
         return response.status, bytes(body)
 
     try:
-        return await asyncio.wait_for(get(), timeout)
+        return await within(get(), timeout)
     except asyncio.TimeoutError:
         await conn.close()
         raise HttpError(

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from sm120check.aio import within
 from sm120check.bench.wire import ChunkedDecoder
 
 _READ_SIZE = 65536
@@ -168,7 +169,7 @@ class Connection:
     async def _connect(self) -> None:
         ctx = ssl.create_default_context() if self.endpoint.scheme == "https" else None
         try:
-            self.reader, self.writer = await asyncio.wait_for(
+            self.reader, self.writer = await within(
                 asyncio.open_connection(self.endpoint.host, self.endpoint.port, ssl=ctx, limit=_HEADER_LIMIT),
                 self._connect_timeout,
             )
@@ -243,7 +244,7 @@ class Connection:
         if writer is not None:
             writer.close()
             try:  # bounded too: a peer that stopped reading never lets buffered bytes drain
-                await asyncio.wait_for(writer.wait_closed(), _CLOSE_TIMEOUT)
+                await within(writer.wait_closed(), _CLOSE_TIMEOUT)
             except asyncio.TimeoutError:
                 writer.transport.abort()
             except (ConnectionError, OSError, ssl.SSLError):

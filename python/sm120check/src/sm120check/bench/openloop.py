@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+from sm120check.aio import stop, within
 from sm120check.bench.apis import Api, RequestSpec
 from sm120check.bench.arrivals import MAX_ARRIVALS, Arrivals, realized_rate
 from sm120check.bench.closedloop import RequestRecord, one_request
@@ -223,7 +224,7 @@ async def run_rate_level(
             delay = at - time.perf_counter()
             if arrival.tail:
                 try:  # wait for the arrival time, or stop early when the window has closed
-                    await asyncio.wait_for(w.finished.wait(), max(delay, 0.0))
+                    await within(w.finished.wait(), max(delay, 0.0))
                     return
                 except asyncio.TimeoutError:
                     pass
@@ -256,14 +257,11 @@ async def run_rate_level(
     helpers = [asyncio.ensure_future(dispatcher(start)), asyncio.ensure_future(reporter(start))]
     timed_out = False
     try:
-        await asyncio.wait_for(w.finished.wait(), plan.level_timeout)
+        await within(w.finished.wait(), plan.level_timeout)
     except asyncio.TimeoutError:
         timed_out = True
         w.end = time.perf_counter()
-    pending = [t for t in (*helpers, *tasks) if not t.done()]
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
+    await stop([*helpers, *tasks])
     await asyncio.gather(*(conn.close() for conn in opened), return_exceptions=True)
     if w.bugs:
         raise w.bugs[0]

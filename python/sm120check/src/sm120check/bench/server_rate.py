@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import math
 import time
 from dataclasses import dataclass, field
 
+from sm120check.aio import stop
 from sm120check.bench.engines import scrape_metrics
 from sm120check.bench.http import Endpoint, HttpError
 
@@ -181,11 +181,8 @@ class CounterSampler:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            # a read that failed as it was cancelled changes nothing
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        if self._task is not None:  # a read that failed as it was cancelled changes nothing
+            await stop([self._task])
         try:  # the level's last releases; the level is measured whatever this read does
             await self._read()
         except HttpError as exc:

@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sm120check import argtypes
+from sm120check.aio import stop, within
 
 _WRITE_HIGH_WATER = 256 * 1024
 WRITE_STALL_S = 10.0  # a client whose full buffer takes no bytes for this long is dropped, not waited on
@@ -170,9 +171,7 @@ class SimServer:
 
     async def close(self) -> None:
         if self._engine is not None:
-            self._engine.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._engine
+            await stop([self._engine])
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -265,10 +264,10 @@ class SimServer:
         # The engine waits for slow readers (back-pressure), but a bounded time: one client that stopped reading
         # with its connection open would otherwise stop every other request. _step releases it at its next step.
         try:
-            await asyncio.wait_for(seq.writer.drain(), self.write_stall_s)
+            await within(seq.writer.drain(), self.write_stall_s)
         except ConnectionError:
             pass
-        except TimeoutError:
+        except asyncio.TimeoutError:
             seq.writer.transport.abort()
 
     def _event(self, seq: _Seq, n: int, finished: bool, stamp: float) -> dict[str, object]:
@@ -684,7 +683,7 @@ async def _serve(
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(stop.wait(), max_seconds)
+        await within(stop.wait(), max_seconds)
     await server.close()
     return 0
 
