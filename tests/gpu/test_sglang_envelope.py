@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from lab import crossing, decode_log, trace_kernels
-from lab.gpu_seconds import per_token
+from lab.gpu_seconds import GAP_DEFAULT, gap_levels, per_token
 from lab.sglang_gpu import LAUNCH, MARKS, OUT, Patched, Server, patch_tree, save, sm120check, start, write_models
 from sm120check.bench import tiers
 from sm120check.sglang import plain_decode
@@ -251,18 +251,7 @@ class TestEnvelopePolicy:
 # The gap phase: the plain server against the switch-7 launch at the levels above the crossing only, with each level's
 # GPU seconds per forward kind, so a policy that falls short of the plain server there is told apart: GPU work it adds
 # (extend, decode) or host time between forwards (the wall time the GPU did not compute).
-# SM120KIT_ENVELOPE_GAP_LEVELS (comma-separated, a subset of them) narrows the sweep to fit a short device budget.
-GAP_DEFAULT = (30, 70, 100, 250)
-
-
-def gap_levels(text: str) -> tuple[int, ...]:
-    """The gap's levels from SM120KIT_ENVELOPE_GAP_LEVELS; a value outside GAP_DEFAULT is refused, naming it."""
-    parts = [v.strip() for v in text.split(",")]
-    if not all(v.isdigit() and int(v) in GAP_DEFAULT for v in parts):
-        raise ValueError(f"SM120KIT_ENVELOPE_GAP_LEVELS={text!r}: expected a comma-separated subset of {GAP_DEFAULT}")
-    return tuple(sorted({int(v) for v in parts}))
-
-
+# SM120KIT_ENVELOPE_GAP_LEVELS (comma-separated, a subset of GAP_DEFAULT) narrows the sweep for a short device budget.
 GAP_LEVELS = gap_levels(os.environ.get("SM120KIT_ENVELOPE_GAP_LEVELS", ",".join(map(str, GAP_DEFAULT))))
 # The switch-7 launch's threshold; the default is the crossing tiers.plan found for the synthetic pair on one GPU.
 PLAIN_FROM = int(os.environ.get("SM120KIT_ENVELOPE_PLAIN_FROM", "57"))

@@ -1,11 +1,21 @@
-"""The envelope-gap phase's arithmetic (tests/gpu/test_sglang_envelope.py): a level's GPU seconds per forward kind
-(bench's server_forward_seconds) over its output tokens, and the share of its wall time the GPU did not compute."""
+"""The envelope-gap phase's arithmetic (tests/gpu/test_sglang_envelope.py): its levels, a level's GPU seconds per
+forward kind (bench's server_forward_seconds) over its output tokens, and the share of its wall time the GPU did not
+compute."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 NOT_KINDS = frozenset({"level_wall_s", "output_tokens"})
+GAP_DEFAULT = (30, 70, 100, 250)  # the gap phase's levels: the ones above the crossing
+
+
+def gap_levels(text: str) -> tuple[int, ...]:
+    """The gap's levels from SM120KIT_ENVELOPE_GAP_LEVELS; a value outside GAP_DEFAULT is refused, naming it."""
+    parts = [v.strip() for v in text.split(",")]
+    if not all(v.isdigit() and int(v) in GAP_DEFAULT for v in parts):
+        raise ValueError(f"SM120KIT_ENVELOPE_GAP_LEVELS={text!r}: expected a comma-separated subset of {GAP_DEFAULT}")
+    return tuple(sorted({int(v) for v in parts}))
 
 
 def per_token(rows: Sequence[dict[str, float]]) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.gpu_seconds import per_token
+from lab.gpu_seconds import GAP_DEFAULT, gap_levels, per_token
 
 
 def test_two_sweeps_are_summed_before_dividing_by_their_tokens() -> None:
@@ -25,3 +25,17 @@ def test_two_sweeps_are_summed_before_dividing_by_their_tokens() -> None:
 def test_a_level_without_tokens_is_an_error_not_a_zero() -> None:
     with pytest.raises(ValueError, match="no output tokens in 1 sweep"):
         per_token([{"decode": 1.0, "level_wall_s": 5.0, "output_tokens": 0}])
+
+
+def test_gap_levels_take_a_subset_of_the_default_in_order() -> None:
+    assert gap_levels(",".join(map(str, GAP_DEFAULT))) == GAP_DEFAULT
+    assert gap_levels(" 250,100, 100") == (100, 250)
+
+
+@pytest.mark.parametrize("bad", ["", "50", "100,x", "-100", "100,,250"])
+def test_gap_levels_outside_the_default_are_refused_naming_the_value(bad: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        gap_levels(bad)
+    assert f"SM120KIT_ENVELOPE_GAP_LEVELS={bad!r}" in str(raised.value) and "subset of (30, 70, 100, 250)" in str(
+        raised.value
+    )

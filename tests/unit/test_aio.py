@@ -1,8 +1,5 @@
-"""sm120check.aio: a timeout that keeps the caller's cancel, and a stop that ends tasks whose cancel was lost.
-
-The bench's /metrics sampler was cancelled as its read finished; asyncio.wait_for (Python < 3.12) returned the read
-instead of the cancel, so the sampler ran on and the level waited on it until the server went away (an hour in CI).
-"""
+"""sm120check.aio: a timeout that keeps the caller's cancel, and a stop that ends tasks whose cancel was lost; the
+bench's /metrics sampler ends when a cancel of its read is lost, and no module of the package uses asyncio.wait_for."""
 
 from __future__ import annotations
 
@@ -126,7 +123,7 @@ def test_stop_gives_up_on_a_task_that_ignores_every_cancel_and_keeps_exceptions_
 
 def test_the_counter_sampler_ends_when_its_cancel_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     """A stand-in for the one read (the read is what lost the cancel; no server is needed for that), the real
-    sampler around it: its exit returns, its loop ended. Before aio.stop the exit waited until the server died."""
+    sampler around it: its exit returns, its loop ended (a single cancel would leave the loop reading on)."""
     reads = 0
 
     async def read_losing_its_cancel(self: CounterSampler) -> None:

@@ -62,17 +62,9 @@ def module_name(path: Path) -> str:
 def room(module: str) -> tuple[str, str]:
     """(rank key, room name): the room name tells two families apart."""
     parts = module.split(".")
-    if len(parts) == 1 or parts[1] in (
-        "versions",
-        "bounded",
-        "aio",
-        "safetext",
-        "strict_schema",
-        "exitcodes",
-        "findings",
-    ):
+    if len(parts) == 1 or parts[1] in ("versions", "bounded", "safetext", "strict_schema", "exitcodes", "findings"):
         return BASE, BASE
-    if parts[1] in ("argtypes", "console", "manifest", "__version__"):
+    if parts[1] in ("aio", "argtypes", "console", "manifest", "__version__"):
         return BASE, BASE
     if parts[1] in ("cli", "__main__"):
         return "cli", "cli"

@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from sm120check.aio import stop as stop_tasks
-from sm120check.aio import within
+from sm120check import aio
 from sm120check.bench.apis import Api, RequestSpec
 from sm120check.bench.closedloop import RequestRecord, one_request
 from sm120check.bench.http import Connection, Endpoint
@@ -60,14 +59,14 @@ async def drive(
                 traffic.records.append(record)
                 if record.error:
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await within(stop.wait(), ERROR_PAUSE_S)
+                        await aio.within(stop.wait(), ERROR_PAUSE_S)
         finally:
             await conn.close()
 
     workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
     with contextlib.suppress(asyncio.TimeoutError):
-        await within(stop.wait(), max(0.0, deadline - time.perf_counter()))
-    await stop_tasks(workers)
+        await aio.within(stop.wait(), max(0.0, deadline - time.perf_counter()))
+    await aio.stop(workers)
 
 
 def intervals(records: Sequence[RequestRecord], epoch: float, start: float, end: float) -> list[ServerInterval]:
