@@ -45,6 +45,10 @@
 #             12 scheduler steps three times (host with its Python stack, and GPU): profile-gap.json sets their GPU
 #             idle share, kernels and host time per step side by side (about 6 minutes); the traces, as many as fit
 #             15 MiB, in $OUT/traces.tar
+#   envelope-host  the same two servers under the gap's top level for 30 s each: 12 s in, every server process's CPU
+#             time per thread and py-spy's Python stacks (carried in the stack) over 10 s, and the bench client's;
+#             host.json sets them side by side per role (the HTTP and tokenizer process, scheduler, detokenizer,
+#             bench) (about 4 minutes)
 #   jit-venv  $JIT_VENV (default /tmp/jit-venv) from the JIT parts carried in earlier calls of this warm machine
 #             (scripts/device/jit_carry.py: FlashInfer 0.7.2, tvm-ffi and ninja whole, over $VENV): every part checked,
 #             joined and installed
@@ -247,6 +251,10 @@ phase_envelope_repeat_d() {
 
 phase_envelope_gap() {
   SM120KIT_ENVELOPE_REPEATS=${SM120KIT_ENVELOPE_REPEATS:-2} envelope_tests "TestEnvelopeGap"
+}
+
+phase_envelope_host() {
+  envelope_tests "TestEnvelopeHost"
 }
 
 phase_envelope_profile() {

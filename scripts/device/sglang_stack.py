@@ -14,6 +14,7 @@ What is pruned, and why (the device tool carries 64 MiB a call):
   server runs with `--attention-backend triton` and `--sampling-backend pytorch` (FA3 is not carried; FlashInfer
   0.6.14 is, because SGLang's sampler imports flashinfer.sampling at module level, but without the CUTLASS, CCCL and
   spdlog headers its JIT builds need: nothing of FlashInfer's is compiled or run by this server).
+- bin/: console scripts, but py-spy (the sampling profiler the envelope's host profile runs) moves to sm120kit_bin/.
 - sglang: multimodal_gen/, test/, benchmark/, srt/grpc/ (a 7 MB Rust extension the HTTP server never imports),
   and every __pycache__; xgrammar's static C++ library, zstandard's CFFI backend, tvm-ffi's bundled sources.
 Not carried because the server never imports them eagerly for a Llama model (a static walk of module-level imports
@@ -97,6 +98,7 @@ PINS = (
     "asttokens==3.0.2",
     "pure-eval==0.2.4",
     "traitlets==5.16.1",
+    "py-spy==0.4.3",  # the envelope's host profile (tests/lab/host_profile.py) runs its binary
 )
 PRUNE = (
     "sgl_kernel/flash_ops.abi3.so",
@@ -114,8 +116,11 @@ PRUNE = (
     "flashinfer/data/cccl",  # headers for FlashInfer's JIT builds; this server JIT-compiles nothing of FlashInfer's
     "flashinfer/data/cutlass",
     "flashinfer/data/spdlog",
-    "bin",
+    "bin",  # console scripts; KEEP_BIN moves the ones the tests run out first
 )
+# Executables of the wheels' scripts (bin/) that the GPU tests run, kept in site-packages/sm120kit_bin.
+KEEP_BIN = ("py-spy",)
+KEEP_DIR = "sm120kit_bin"
 _GLIBC = (17, 24, 27, 28, 31, 34)
 PLATFORMS = (*(f"manylinux_2_{n}_x86_64" for n in _GLIBC), "manylinux2014_x86_64", "manylinux1_x86_64")
 
@@ -207,6 +212,12 @@ def build(out: Path, cache: Path) -> StackRecord:
         site = Path(tmp) / "site"
         print(f"install {len(wheels)} wheels into a staging site (no deps)", flush=True)
         pip("install", "--no-deps", "--no-compile", *platform_args(), "--target", str(site), *map(str, wheels))
+        keep = site / KEEP_DIR
+        keep.mkdir()
+        for name in KEEP_BIN:
+            if not (site / "bin" / name).is_file():
+                raise SystemExit(f"{site / 'bin' / name} is missing: the wheel that installs it is not in PINS")
+            shutil.move(str(site / "bin" / name), keep / name)
         pruned = []
         for rel in PRUNE:
             target = site / rel

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -31,9 +32,21 @@ from typing import Any
 
 import pytest
 
-from lab import crossing, decode_log, trace_kernels
+from lab import crossing, decode_log, host_profile, trace_kernels
 from lab.gpu_seconds import GAP_DEFAULT, gap_levels, per_token
-from lab.sglang_gpu import LAUNCH, MARKS, OUT, Patched, Server, patch_tree, save, sm120check, start, write_models
+from lab.sglang_gpu import (
+    LAUNCH,
+    MARKS,
+    OUT,
+    Patched,
+    Server,
+    child_env,
+    patch_tree,
+    save,
+    sm120check,
+    start,
+    write_models,
+)
 from sm120check.bench import tiers
 from sm120check.sglang import plain_decode
 
@@ -406,6 +419,81 @@ class TestEnvelopeProfile:
         idle = {n: sum(t["idle_ms"] for t in v) / max(1e-9, sum(t["span_ms"] for t in v)) for n, v in timeline.items()}
         save("profile-gap.json", {"unit": "ms per scheduler step", "gpu_idle_share": idle, "gpu_timeline": timeline,
                                   "steps": steps, **found})  # fmt: skip
+
+
+# The host phase: the gap's two servers under the cohort load at its top level, each server process's CPU time per
+# thread and py-spy's Python stacks over one window (tests/lab/host_profile.py), and the bench client's the same: which
+# process limits the load where the GPU waits between cohorts (the scheduler's own steps are TestEnvelopeProfile's).
+HOST_C = max(GAP_DEFAULT)
+HOST_S = 30  # the bench's steady window at HOST_C
+HOST_AT = 12.0  # seconds after the bench starts when the window opens (past the ramp)
+HOST_WINDOW = 10.0
+HOST_ROLES = ("main", "scheduler", "detokenizer", "bench")
+
+
+def host_role(role: str) -> str:
+    """SGLang's titles carry the rank (scheduler_TP0): the role without it."""
+    return role.split("_")[0]
+
+
+class TestEnvelopeHost:
+    @pytest.mark.parametrize("name", ["gap-base", "gap-policy"])
+    def test_profile_the_host_under_the_cohort_load(self, patched: Patched, name: str) -> None:
+        write_models("spec.txt")
+        folder = OUT / f"host-{name}"
+        shutil.rmtree(folder, ignore_errors=True)
+        profiles: list[host_profile.ProcessProfile] = []
+        for server in start(f"host-{name}", gap_launch(name)):
+            cmd = [sys.executable, "-m", "sm120check", "bench", "--url", server.url, "--concurrency", str(HOST_C),
+                   "--duration", str(HOST_S), "--input-len", "64", "--output-len", "128", "--output-len-spread",
+                   SPREAD, "--label", name, "--out", str(SWEEPS / f"host-{name}.jsonl"), "--level-timeout", "120",
+                   "--quiet"]  # fmt: skip
+            bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+            try:
+                try:
+                    bench.wait(timeout=HOST_AT)  # returns early only when the bench failed to start its load
+                except subprocess.TimeoutExpired:
+                    pids = {**host_profile.processes(server.proc.pid), bench.pid: "bench"}
+                    profiles = host_profile.profile(pids, HOST_WINDOW, folder)
+                out, err = bench.communicate(timeout=600)
+            finally:
+                if bench.poll() is None:
+                    bench.kill()
+                    bench.wait(timeout=30)
+            switch = plain_decode.evidence(server.lines())
+        assert bench.returncode == 0, err[-2000:]
+        assert profiles, f"the bench ended within {HOST_AT} s, before the window opened:\n{out[-2000:]}"
+        save(f"host-{name}.json", {"bench": out[-3000:], "window_s": HOST_WINDOW, "level": HOST_C,
+                                   "processes": host_profile.as_json(profiles),
+                                   "switch": switch.to_dict() if switch else None})  # fmt: skip
+        roles = {host_role(p.role) for p in profiles}
+        assert set(HOST_ROLES) <= roles, f"processes found under the server and the bench: {sorted(roles)}"
+
+    def test_the_hosts_side_by_side(self) -> None:
+        """host.json: per role, each server's CPU share, its busiest thread and py-spy's top frames, with the bench's
+        rate on each server. A report; the run fails where a role's stacks could not be taken."""
+        runs = {n: json.loads((OUT / f"host-{n}.json").read_text()) for n in ("gap-base", "gap-policy")}
+        lines = {n: (SWEEPS / f"host-{n}.jsonl").read_text().splitlines() for n in runs}
+        rates = {n: [json.loads(line)["throughput_tok_s"] for line in v if line.strip()] for n, v in lines.items()}
+        table: dict[str, Any] = {"level": HOST_C, "window_s": HOST_WINDOW, "bench_tok_s": rates, "roles": {}}
+        missing = []
+        for role in HOST_ROLES:
+            row = {}
+            for n, run in runs.items():
+                found = [p for p in run["processes"] if host_role(p["role"]) == role]
+                if not found:
+                    missing.append(f"{n}: no {role} process")
+                    continue
+                p = max(found, key=lambda q: q["cpu"]["share"])
+                if p["stacks_error"]:
+                    missing.append(f"{n} {role}: {p['stacks_error']}")
+                stacks = p["stacks"] or {}
+                row[n] = {"cpu_share": p["cpu"]["share"], "busiest_thread": p["cpu"]["busiest_thread"],
+                          "busiest_share": p["cpu"]["busiest_share"], "own": stacks.get("own", [])[:12],
+                          "inclusive": stacks.get("inclusive", [])[:12]}  # fmt: skip
+            table["roles"][role] = row
+        save("host.json", table)
+        assert not missing, missing
 
 
 def trace_summary(path: Path, top: int = 60) -> dict[str, Any]:
