@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from lab import crossing, decode_log, host_profile, trace_kernels
-from lab.gpu_seconds import GAP_DEFAULT, gap_levels, per_token
+from lab.gpu_seconds import GAP_DEFAULT, gap_levels, per_token, where
 from lab.sglang_gpu import (
     LAUNCH,
     MARKS,
@@ -238,8 +238,10 @@ class TestEnvelopePolicy:
                 overlap = max(sweeps_of("policy")[c]) >= (1 - ENVELOPE) * min(sweeps_of(best)[c])
                 repeated = len(sweeps_of("policy")[c]) > 1 or len(sweeps_of(best)[c]) > 1
                 noise = f" (within the sweeps' spread: {overlap})" if repeated else ""
+                cause = where(gpu_busy_per_sweep("policy")[c], gpu_busy_per_sweep(best)[c])
                 misses.append(
-                    f"C={c}: policy {curves['policy'][c]:.0f} < 95 % of the envelope {envelope:.0f} ({best}){noise}"
+                    f"C={c}: policy {curves['policy'][c]:.0f} < 95 % of the envelope {envelope:.0f} ({best}){noise}; "
+                    + cause
                 )
             if "sglang-adaptive" in curves and curves["policy"][c] < curves["sglang-adaptive"][c]:
                 anchor = curves["sglang-adaptive"][c]

@@ -31,3 +31,27 @@ def per_token(rows: Sequence[dict[str, float]]) -> dict[str, float]:
     out["wall_ms"] = round(1000 * wall / tokens, 4)
     out["not_computing_share"] = round(1 - gpu / wall, 4) if wall > 0 else 0.0
     return out
+
+
+GPU_SAME = 0.05  # GPU work per token within this of the other curve's counts as the same work
+
+
+def where(policy: Sequence[dict[str, float]], best: Sequence[dict[str, float]]) -> str:
+    """A level the policy missed, told apart from its sweeps and the best curve's (per_token's rows): `GPU work` where
+    its GPU milliseconds per output token exceed the best's by more than GPU_SAME, `host time` where they do not and
+    its GPU sat idle a larger share of the level; `unknown` without the servers' device timer."""
+    p, b = per_token(policy), per_token(best)
+    gpu_p = sum(v for k, v in p.items() if k not in ("wall_ms", "not_computing_share"))
+    gpu_b = sum(v for k, v in b.items() if k not in ("wall_ms", "not_computing_share"))
+    if gpu_p <= 0 or gpu_b <= 0:
+        return "unknown: no GPU seconds per forward kind (SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 on both servers)"
+    idle_p, idle_b = p["not_computing_share"], b["not_computing_share"]
+    if gpu_p > (1 + GPU_SAME) * gpu_b:
+        kind = "GPU work"
+    elif idle_p > idle_b:
+        kind = "host time"
+    else:
+        kind = "neither alone"
+    return (
+        f"{kind}: GPU {gpu_p:.4f} against {gpu_b:.4f} ms a token, idle {idle_p:.0%} against {idle_b:.0%} of the level"
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.gpu_seconds import GAP_DEFAULT, gap_levels, per_token
+from lab.gpu_seconds import GAP_DEFAULT, gap_levels, per_token, where
 
 
 def test_two_sweeps_are_summed_before_dividing_by_their_tokens() -> None:
@@ -39,3 +39,28 @@ def test_gap_levels_outside_the_default_are_refused_naming_the_value(bad: str) -
     assert f"SM120KIT_ENVELOPE_GAP_LEVELS={bad!r}" in str(raised.value) and "subset of (30, 70, 100, 250)" in str(
         raised.value
     )
+
+
+def sweep(gpu: dict[str, float], wall: float, tokens: int = 10000) -> dict[str, float]:
+    return {**gpu, "level_wall_s": wall, "output_tokens": tokens}
+
+
+def test_where_names_host_time_when_the_gpu_work_is_the_same_and_the_gpu_waits_longer() -> None:
+    policy = [sweep({"decode": 0.262, "extend": 0.242}, wall=0.504 / 0.5363)]
+    base = [sweep({"decode": 0.277, "extend": 0.235}, wall=0.512 / 0.7279)]
+    assert where(policy, base) == "host time: GPU 0.0504 against 0.0512 ms a token, idle 46% against 27% of the level"
+
+
+def test_where_names_gpu_work_when_the_policy_computes_more_per_token() -> None:
+    policy = [sweep({"target_verify": 0.4, "eagle_draft": 0.2}, wall=1.0)]
+    base = [sweep({"decode": 0.4}, wall=1.0)]
+    assert where(policy, base).startswith("GPU work: GPU 0.0600 against 0.0400 ms a token")
+
+
+def test_where_names_neither_when_the_policy_waits_no_longer() -> None:
+    got = where([sweep({"decode": 0.4}, wall=1.0)], [sweep({"decode": 0.4}, wall=2.0)])
+    assert got.startswith("neither alone:")
+
+
+def test_where_without_the_device_timer_says_so() -> None:
+    assert where([sweep({}, wall=1.0)], [sweep({}, wall=1.0)]).startswith("unknown: no GPU seconds")
