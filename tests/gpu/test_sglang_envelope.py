@@ -12,6 +12,7 @@ own adaptive mode with its defaults (sglang-adaptive.txt, the anchor) and writes
 curves' PNG where matplotlib is (the lent image has none: `python3 tests/gpu/test_sglang_envelope.py table.json
 curves.png` draws it here), the batches the policy server ran plain and speculative per batch size, and the steady
 decode rate at batch 30 and 100 beside the plain server's. Sweeps wait for the next call in /tmp/sm120kit-envelope.
+The other phases (envelope-repeat, -spread, -gap, -profile, -host) are listed in scripts/device/sglang-server.sh.
 """
 
 from __future__ import annotations
@@ -318,7 +319,8 @@ class TestEnvelopeGap:
                 "policy_per_token": per_token(busy["gap-policy"][c]),
             }
             if c >= PLAIN_FROM and mean_p < (1 - ENVELOPE) * mean_b:
-                misses.append(f"C={c}: policy {mean_p:.0f} < 95 % of the plain server's {mean_b:.0f}: {levels[str(c)]}")
+                cause = where(busy["gap-policy"][c], busy["gap-base"][c])
+                misses.append(f"C={c}: policy {mean_p:.0f} < 95 % of the plain server's {mean_b:.0f}; {cause}")
         logs = {n: server_log_rates(OUT / f"envelope-{n}.log") for n in ("gap-base", "gap-policy")}
         save("gap.json", {"plain_from": PLAIN_FROM, "sweeps_per_server": REPEATS, "levels": levels,
                           "server_logs": logs, "misses": misses})  # fmt: skip
