@@ -447,6 +447,8 @@ class TestEnvelopeHost:
         folder = OUT / f"host-{name}"
         shutil.rmtree(folder, ignore_errors=True)
         profiles: list[host_profile.ProcessProfile] = []
+        SWEEPS.mkdir(parents=True, exist_ok=True)
+        (SWEEPS / f"host-{name}.jsonl").unlink(missing_ok=True)  # the bench appends
         for server in start(f"host-{name}", gap_launch(name)):
             cmd = [sys.executable, "-m", "sm120check", "bench", "--url", server.url, "--concurrency", str(HOST_C),
                    "--duration", str(HOST_S), "--input-len", "64", "--output-len", "128", "--output-len-spread",
@@ -466,6 +468,7 @@ class TestEnvelopeHost:
                     bench.wait(timeout=30)
             switch = plain_decode.evidence(server.lines())
         assert bench.returncode == 0, err[-2000:]
+        (OUT / f"sweep-host-{name}.jsonl").write_text((SWEEPS / f"host-{name}.jsonl").read_text(), encoding="utf-8")
         assert profiles, f"the bench ended within {HOST_AT} s, before the window opened:\n{out[-2000:]}"
         save(f"host-{name}.json", {"bench": out[-3000:], "window_s": HOST_WINDOW, "level": HOST_C,
                                    "processes": host_profile.as_json(profiles),
