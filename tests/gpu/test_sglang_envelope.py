@@ -49,6 +49,7 @@ from lab.sglang_gpu import (
     write_models,
 )
 from sm120check.bench import tiers
+from sm120check.bench.closedloop import COHORT_WARN
 from sm120check.sglang import plain_decode
 
 pytestmark = MARKS
@@ -134,6 +135,17 @@ def gpu_busy_per_sweep(label: str) -> dict[int, list[dict[str, float]]]:
             out.setdefault(int(row["concurrency"]), []).append(
                 {**busy, "level_wall_s": round(wall, 3), "output_tokens": round(tokens)}
             )
+    return out
+
+
+def cohorts_of(label: str) -> dict[int, float]:
+    """Per level, the largest `cohort_share` the bench recorded over the sweeps (absent before the bench kept it)."""
+    out: dict[int, float] = {}
+    for line in (SWEEPS / f"{label}.jsonl").read_text().splitlines():
+        row = json.loads(line) if line.strip() else {}
+        if row.get("cohort_share") is not None:
+            c = int(row["concurrency"])
+            out[c] = max(out.get(c, 0.0), float(row["cohort_share"]))
     return out
 
 
@@ -240,6 +252,8 @@ class TestEnvelopePolicy:
                 repeated = len(sweeps_of("policy")[c]) > 1 or len(sweeps_of(best)[c]) > 1
                 noise = f" (within the sweeps' spread: {overlap})" if repeated else ""
                 cause = where(gpu_busy_per_sweep("policy")[c], gpu_busy_per_sweep(best)[c])
+                if (share := cohorts_of("policy").get(c)) is not None and share >= COHORT_WARN:
+                    cause += f"; cohorts: {share:.0%} of C finished within 5 % of a lifetime of each other"
                 misses.append(
                     f"C={c}: policy {curves['policy'][c]:.0f} < 95 % of the envelope {envelope:.0f} ({best}){noise}; "
                     + cause

@@ -292,6 +292,12 @@ NO_NUMBERS = "no_numbers"  # the flag of a level where no measured request can b
 # runs short of the level's (the longest ones are still running), so windows aimed at exactly 20 closed short of the
 # 20 the counter check needs (see finding bench-window-lifetimes-short)
 LIFETIME_MARGIN = 1.05
+# Cohorts: closed-loop requests of one output length that start together finish together, and their workers send
+# again together; the level then times the server's turnaround between cohorts as much as its decode.
+COHORT_SPAN = 0.05  # of the mean request lifetime
+COHORT_WARN = 0.5  # of the level's workers finishing within one span
+COHORT_MIN_C = 8  # below this a few requests finishing together is chance, not a cohort
+COHORTS = "cohorts"  # the flag
 
 
 def _extended_deadline(plan: LevelPlan, state: _LevelState) -> float | None:
@@ -345,6 +351,14 @@ def summarize(
             f"{sum(e2e) / len(e2e):.3g} s), so the slope is uncertain; raise --requests-per-level (4 or more per "
             "worker) or --duration"
         )
+    cohorts = cohort_share([r.end for r in steady], sum(e2e) / len(e2e) if e2e else 0.0, concurrency)
+    if cohorts is not None and cohorts >= COHORT_WARN and concurrency >= COHORT_MIN_C:
+        flags.append(COHORTS)
+        warnings.append(
+            f"at C={concurrency}, {cohorts:.0%} of the workers' requests finished within {COHORT_SPAN:.0%} of a "
+            "request's lifetime of each other: requests of one length come back in cohorts, so the level times the "
+            "server's turnaround between cohorts as much as its decode (--output-len-spread 0.5 spreads them)"
+        )
     cached_fraction = _cached_fraction(ok)
     if cached_fraction is not None and cached_fraction > 0.10:
         warnings.append(
@@ -380,6 +394,7 @@ def summarize(
         throughput_halves_rel_diff=halves,
         window_lifetimes=lifetimes,
         cached_prompt_fraction=cached_fraction,
+        cohort_share=cohorts,
         accept_hist=_accept_hist(ok),
         per_request=tuple(_row(r, id(r) in steady_ids) for r in records),
     )
@@ -549,6 +564,22 @@ def _credit_cut_requests(
         "--requests-per-level, or a server that sends continuous usage)"
     )
     return list(records)
+
+
+def cohort_share(ends: Sequence[float], lifetime: float, concurrency: int) -> float | None:
+    """The most requests that finished within COHORT_SPAN x `lifetime` of each other, over `concurrency`: near 1
+    when the workers' requests come back as cohorts, near COHORT_SPAN when their finishes are spread; None without
+    finishes or a lifetime."""
+    if not ends or lifetime <= 0 or concurrency < 1:
+        return None
+    times = sorted(ends)
+    span = COHORT_SPAN * lifetime
+    most = first = 0
+    for last, t in enumerate(times):
+        while t - times[first] > span:
+            first += 1
+        most = max(most, last - first + 1)
+    return min(1.0, most / concurrency)
 
 
 def _cached_fraction(records: Sequence[RequestRecord]) -> float | None:

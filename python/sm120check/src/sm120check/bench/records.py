@@ -14,7 +14,7 @@ from sm120check.bench.percentiles import Dist
 
 SCHEMA = "sm120check.bench/1"
 MAX_JSONL_BYTES = 256 << 20  # a level's record is at most a few MiB (one row per request)
-_OPTIONAL_FLOATS = ("throughput_halves_rel_diff", "window_lifetimes", "cached_prompt_fraction")
+_OPTIONAL_FLOATS = ("throughput_halves_rel_diff", "window_lifetimes", "cached_prompt_fraction", "cohort_share")
 _DISTS = ("per_request_tok_s", "ttft_s", "itl_s", "tpot_s", "e2e_s", "client_wait_s", "server_lag_s")
 
 
@@ -103,6 +103,7 @@ class LevelSummary:
     throughput_halves_rel_diff: float | None = None  # |slope(1st half) - slope(2nd half)| / slope: the uncertainty
     window_lifetimes: float | None = None  # window length over the mean request latency
     cached_prompt_fraction: float | None = None  # prompt tokens the server's cache served / prompt tokens
+    cohort_share: float | None = None  # most requests finishing within 5 % of a lifetime of each other / concurrency
     accept_hist: tuple[tuple[float, int], ...] = ()  # (lower edge, requests): tokens per verify step, bins of 0.5
     per_request: tuple[RequestRow, ...] = ()
     mode: str = "closed"  # "closed": C workers (closedloop.py); "open": arrivals at request_rate (openloop.py)
@@ -145,6 +146,7 @@ class LevelSummary:
             throughput_halves_rel_diff=_round(self.throughput_halves_rel_diff),
             window_lifetimes=_round(self.window_lifetimes),
             cached_prompt_fraction=_round(self.cached_prompt_fraction),
+            cohort_share=_round(self.cohort_share),
             accept_hist=[[edge, n] for edge, n in self.accept_hist],
             per_request=[row.to_json() for row in self.per_request],
             mode=self.mode,
@@ -222,6 +224,7 @@ class LevelSummary:
             throughput_halves_rel_diff=_opt_float(data, "throughput_halves_rel_diff", where),
             window_lifetimes=_opt_float(data, "window_lifetimes", where),
             cached_prompt_fraction=_opt_float(data, "cached_prompt_fraction", where),
+            cohort_share=_opt_float(data, "cohort_share", where),
             mode=str(mode),
             request_rate=request_rate,
             burstiness=_rate_field(data, "burstiness", where),
