@@ -454,6 +454,22 @@ def host_role(role: str) -> str:
     return role.split("_")[0]
 
 
+def timed_scrapes(url: str, n: int = 5) -> list[dict[str, float]]:
+    """`n` reads of /metrics under the load, each one's bytes and seconds (the bench reads it every 0.25 s, and SGLang
+    builds the page in its HTTP process); a failed read is kept with its seconds and 0 bytes."""
+    out = []
+    for _ in range(n):
+        began = time.monotonic()
+        try:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+                size = len(response.read())
+        except OSError:
+            size = 0
+        out.append({"bytes": size, "seconds": round(time.monotonic() - began, 4)})
+        time.sleep(0.2)
+    return out
+
+
 class TestEnvelopeHost:
     @pytest.mark.parametrize("name", ["gap-base", "gap-policy"])
     def test_profile_the_host_under_the_cohort_load(self, patched: Patched, name: str) -> None:
@@ -461,6 +477,7 @@ class TestEnvelopeHost:
         folder = OUT / f"host-{name}"
         shutil.rmtree(folder, ignore_errors=True)
         profiles: list[host_profile.ProcessProfile] = []
+        scrapes: list[dict[str, float]] = []
         SWEEPS.mkdir(parents=True, exist_ok=True)
         (SWEEPS / f"host-{name}.jsonl").unlink(missing_ok=True)  # the bench appends
         for server in start(f"host-{name}", gap_launch(name)):
@@ -475,6 +492,7 @@ class TestEnvelopeHost:
                 except subprocess.TimeoutExpired:
                     pids = {**host_profile.processes(server.proc.pid), bench.pid: "bench"}
                     profiles = host_profile.profile(pids, HOST_WINDOW, folder)
+                    scrapes = timed_scrapes(server.url)
                 out, err = bench.communicate(timeout=600)
             finally:
                 if bench.poll() is None:
@@ -485,18 +503,20 @@ class TestEnvelopeHost:
         (OUT / f"sweep-host-{name}.jsonl").write_text((SWEEPS / f"host-{name}.jsonl").read_text(), encoding="utf-8")
         assert profiles, f"the bench ended within {HOST_AT} s, before the window opened:\n{out[-2000:]}"
         save(f"host-{name}.json", {"bench": out[-3000:], "window_s": HOST_WINDOW, "level": HOST_C,
-                                   "processes": host_profile.as_json(profiles),
+                                   "processes": host_profile.as_json(profiles), "metrics_scrapes": scrapes,
                                    "switch": switch.to_dict() if switch else None})  # fmt: skip
         roles = {host_role(p.role) for p in profiles}
         assert set(HOST_ROLES) <= roles, f"processes found under the server and the bench: {sorted(roles)}"
 
     def test_the_hosts_side_by_side(self) -> None:
         """host.json: per role, each server's CPU share, its busiest thread and py-spy's top frames, with the bench's
-        rate on each server. A report; the run fails where a role's stacks could not be taken."""
+        rate and the timed /metrics reads on each server. A report; the run fails where a role's stacks could not be
+        taken."""
         runs = {n: json.loads((OUT / f"host-{n}.json").read_text()) for n in ("gap-base", "gap-policy")}
         lines = {n: (SWEEPS / f"host-{n}.jsonl").read_text().splitlines() for n in runs}
         rates = {n: [json.loads(line)["throughput_tok_s"] for line in v if line.strip()] for n, v in lines.items()}
-        table: dict[str, Any] = {"level": HOST_C, "window_s": HOST_WINDOW, "bench_tok_s": rates, "roles": {}}
+        table: dict[str, Any] = {"level": HOST_C, "window_s": HOST_WINDOW, "bench_tok_s": rates, "roles": {},
+                                 "metrics_scrapes": {n: run["metrics_scrapes"] for n, run in runs.items()}}  # fmt: skip
         missing = []
         for role in HOST_ROLES:
             row = {}
