@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sm120check import findings
+from sm120check.bench.closedloop import COHORTS
 from sm120check.bench.goodput import Goodput, GoodputError
 from sm120check.bench.identity import refuse_changed_server
 from sm120check.bench.percentiles import mean_std
@@ -230,6 +231,8 @@ def analyze(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: t
     steps = spec_steps(spec)
     if note := deeper_steps_note(levels, steps):
         warnings.append(note)
+    if note := cohorts_note([*base, *spec], common):
+        warnings.append(note)
     reported = {speculation_reported(r)[0] for r in spec}
     spec_reported = True if True in reported else (False if reported == {False} else None)
     return Analysis(levels, crossover, model, len(base_runs), len(spec_runs), steps, tuple(warnings), spec_reported)
@@ -249,6 +252,19 @@ def deeper_measured() -> str:
     return (
         f"an SGLang {finding.versions['sglang']} server at {n['steps']} static steps beat the "
         f"{n['baseline_steps']}-step one at C={levels}, measured on another server start: see {finding.cite()}"
+    )
+
+
+def cohorts_note(records: Sequence[LevelSummary], common: Sequence[int]) -> str:
+    """The compared levels where a sweep's requests came back in cohorts (the bench's flag): there one output length
+    makes the comparison weigh each server's turnaround between cohorts as much as its decode."""
+    flagged = sorted({r.concurrency for r in records if COHORTS in r.flags and r.concurrency in common})
+    if not flagged:
+        return ""
+    return (
+        f"at C={_levels(flagged)} a sweep's requests came back in cohorts (flag `{COHORTS}`: requests of one output "
+        "length finish together), so the comparison there weighs each server's turnaround between cohorts as much as "
+        "its decode; sweep both with --output-len-spread 0.5 or your --dataset before placing a threshold there"
     )
 
 
