@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bench.conftest import Sim, run_subcommand
-from sm120check.bench.closedloop import COHORT_MIN_C, COHORTS, cohort_share
-from sm120check.bench.records import read_jsonl
+from sm120check.bench.closedloop import COHORT_MIN_C, cohort_share
+from sm120check.bench.records import COHORTS, read_jsonl
 
 
 def test_a_cohort_is_every_request_finishing_together() -> None:

@@ -386,6 +386,13 @@ def profile_traces(folder: Path, deadline_s: float = 60.0) -> list[Path]:
         time.sleep(2.0)
 
 
+def load_args(server: Server, level: int, seconds: int, label: str, out: Path) -> list[str]:
+    """`sm120check bench` at one level for the profile and host phases: the sweeps' request shape, one window."""
+    return ["bench", "--url", server.url, "--concurrency", str(level), "--duration", str(seconds), "--input-len", "64",
+            "--output-len", "128", "--output-len-spread", SPREAD, "--label", label, "--out", str(out),
+            "--level-timeout", "120", "--quiet"]  # fmt: skip
+
+
 class TestEnvelopeProfile:
     @pytest.mark.parametrize("name", ["gap-base", "gap-policy"])
     def test_profile_the_steps_under_the_gap_load(self, patched: Patched, name: str) -> None:
@@ -398,12 +405,8 @@ class TestEnvelopeProfile:
             asker = threading.Thread(target=ask_profiles, args=(server.url, folder, name, stop, replies), daemon=True)
             asker.start()
             try:
-                run = sm120check(
-                    "bench", "--url", server.url, "--concurrency", str(PROFILE_C), "--duration", str(PROFILE_S),
-                    "--input-len", "64", "--output-len", "128", "--output-len-spread", SPREAD, "--label", name,
-                    "--out", str(SWEEPS / f"profile-{name}.jsonl"), "--level-timeout", "120", "--quiet",
-                    timeout=600,
-                )  # fmt: skip
+                run = sm120check(*load_args(server, PROFILE_C, PROFILE_S, name, SWEEPS / f"profile-{name}.jsonl"),
+                                 timeout=600)  # fmt: skip
             finally:
                 stop.set()
                 asker.join(timeout=60)
@@ -481,10 +484,12 @@ class TestEnvelopeHost:
         SWEEPS.mkdir(parents=True, exist_ok=True)
         (SWEEPS / f"host-{name}.jsonl").unlink(missing_ok=True)  # the bench appends
         for server in start(f"host-{name}", gap_launch(name)):
-            cmd = [sys.executable, "-m", "sm120check", "bench", "--url", server.url, "--concurrency", str(HOST_C),
-                   "--duration", str(HOST_S), "--input-len", "64", "--output-len", "128", "--output-len-spread",
-                   SPREAD, "--label", name, "--out", str(SWEEPS / f"host-{name}.jsonl"), "--level-timeout", "120",
-                   "--quiet"]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "sm120check",
+                *load_args(server, HOST_C, HOST_S, name, SWEEPS / f"host-{name}.jsonl"),
+            ]
             bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
             try:
                 try:

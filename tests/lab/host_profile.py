@@ -177,7 +177,8 @@ def summarize(text: str, seconds: float, rate: int = RATE) -> dict[str, Any]:
             inclusive[call] = inclusive.get(call, 0) + k
 
     def top(table: dict[str, int]) -> list[list[Any]]:
-        return [[k, round(v / budget, 4)] for k, v in sorted(table.items(), key=lambda kv: -kv[1])[:TOP]]
+        ranked = sorted(table.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP]  # ties by name: the same order every run
+        return [[k, round(v / budget, 4)] for k, v in ranked]
 
     return {
         "samples": samples,

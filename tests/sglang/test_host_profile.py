@@ -3,6 +3,7 @@ py-spy's stacks of a running Python process (the envelope's host phase runs the 
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import time
@@ -114,3 +115,14 @@ def test_profile_finds_the_spinning_function_with_the_real_pyspy(family: tuple[i
     assert (tmp_path / spin.stacks_file).is_file()
     assert got[root].role == "main" and got[sleeper].role == "detokenizer"
     assert host_profile.as_json(list(got.values()))[0]["cpu"]["pid"] in got
+
+
+def test_the_stack_keeps_pyspy_where_the_profile_looks_for_it() -> None:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "device" / "sglang_stack.py"
+    spec = importlib.util.spec_from_file_location("sglang_stack", path)
+    assert spec is not None and spec.loader is not None
+    stack = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, stack)  # its dataclasses look their module up there
+    spec.loader.exec_module(stack)
+    assert stack.KEEP_DIR == host_profile.KEEP_DIR and "py-spy" in stack.KEEP_BIN
+    assert any(pin.startswith("py-spy==") for pin in stack.PINS)

@@ -26,7 +26,7 @@ from sm120check.aio import stop, within
 from sm120check.bench.apis import PATHS, Api, RequestSpec, StreamFormatError, StreamTally, build_body
 from sm120check.bench.http import Connection, Endpoint, HttpError, lost
 from sm120check.bench.percentiles import Dist
-from sm120check.bench.records import MAX_ACCEPT_LENGTH, LevelSummary, RequestRow
+from sm120check.bench.records import COHORTS, MAX_ACCEPT_LENGTH, LevelSummary, RequestRow
 from sm120check.bench.wire import SseDecoder, WireError
 
 _MAX_ERROR_SAMPLES = 5
@@ -297,7 +297,6 @@ LIFETIME_MARGIN = 1.05
 COHORT_SPAN = 0.05  # of the mean request lifetime
 COHORT_WARN = 0.5  # of the level's workers finishing within one span
 COHORT_MIN_C = 8  # below this a few requests finishing together is chance, not a cohort
-COHORTS = "cohorts"  # the flag
 
 
 def _extended_deadline(plan: LevelPlan, state: _LevelState) -> float | None:

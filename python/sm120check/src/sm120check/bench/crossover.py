@@ -21,11 +21,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sm120check import findings
-from sm120check.bench.closedloop import COHORTS
 from sm120check.bench.goodput import Goodput, GoodputError
 from sm120check.bench.identity import refuse_changed_server
 from sm120check.bench.percentiles import mean_std
-from sm120check.bench.records import LevelSummary, RecordError
+from sm120check.bench.records import COHORTS, LevelSummary, RecordError
 from sm120check.bench.speculation import FLAG as DRAFT_FLAG
 from sm120check.sglang.allreduce_backend import Backend, from_server_info
 from sm120check.sglang.launch_terms import RAISE_RUNNING_CAP, SPECULATIVE_RUNNING_DEFAULT

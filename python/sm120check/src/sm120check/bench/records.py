@@ -15,6 +15,7 @@ from sm120check.bench.percentiles import Dist
 SCHEMA = "sm120check.bench/1"
 MAX_JSONL_BYTES = 256 << 20  # a level's record is at most a few MiB (one row per request)
 _OPTIONAL_FLOATS = ("throughput_halves_rel_diff", "window_lifetimes", "cached_prompt_fraction", "cohort_share")
+COHORTS = "cohorts"  # the flag of a closed-loop level whose requests came back together (closedloop.cohort_share)
 _DISTS = ("per_request_tok_s", "ttft_s", "itl_s", "tpot_s", "e2e_s", "client_wait_s", "server_lag_s")
 
 
