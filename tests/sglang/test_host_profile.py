@@ -39,7 +39,8 @@ def family() -> Iterator[tuple[int, int, int]]:
         root, spinner, sleeper = map(int, proc.stdout.readline().split())
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # until both children have exec'd into their titles
-            if host_profile.processes(root).get(spinner) == "scheduler_TP0":
+            roles = host_profile.processes(root)
+            if roles.get(spinner) == "scheduler_TP0" and roles.get(sleeper) == "detokenizer":
                 break
             time.sleep(0.1)
         yield root, spinner, sleeper
