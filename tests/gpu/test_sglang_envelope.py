@@ -285,18 +285,27 @@ class TestEnvelopePolicy:
 GAP_LEVELS = gap_levels(os.environ.get("SM120KIT_ENVELOPE_GAP_LEVELS", ",".join(map(str, GAP_DEFAULT))))
 # The switch-7 launch's threshold; the default is the crossing tiers.plan found for the synthetic pair on one GPU.
 PLAIN_FROM = int(os.environ.get("SM120KIT_ENVELOPE_PLAIN_FROM", "57"))
+# SGLang's HTTP (tokenizer) processes of both gap servers (`--tokenizer-worker-num`; 1 is SGLang's default).
+TOKENIZER_WORKERS = int(os.environ.get("SM120KIT_ENVELOPE_TOKENIZER_WORKERS", "1"))
 
 
 def gap_launch(name: str) -> Path:
-    """The plain server's launch for gap-base; for gap-policy the switch-7 launch with its threshold at PLAIN_FROM."""
-    if name == "gap-base":
+    """The plain server's launch for gap-base; for gap-policy the switch-7 launch with its threshold at PLAIN_FROM;
+    either with TOKENIZER_WORKERS HTTP processes where that is more than one."""
+    if TOKENIZER_WORKERS < 1:
+        raise ValueError(f"SM120KIT_ENVELOPE_TOKENIZER_WORKERS={TOKENIZER_WORKERS}: give 1 or more")
+    if name == "gap-base" and TOKENIZER_WORKERS == 1:
         return LAUNCH / "base.txt"
     SWEEPS.mkdir(parents=True, exist_ok=True)
-    env = (LAUNCH / "switch-7.env").read_text(encoding="utf-8")
+    source = "base" if name == "gap-base" else "switch-7"
+    env = (LAUNCH / f"{source}.env").read_text(encoding="utf-8")
     threshold = f'SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="{PLAIN_FROM}"'
-    (SWEEPS / "gap-policy.env").write_text(env.replace('SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="30"', threshold), "utf-8")
-    launch = SWEEPS / "gap-policy.txt"
-    launch.write_text((LAUNCH / "switch-7.txt").read_text(), encoding="utf-8")
+    (SWEEPS / f"{name}.env").write_text(env.replace('SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="30"', threshold), "utf-8")
+    command = (LAUNCH / f"{source}.txt").read_text(encoding="utf-8").rstrip("\n")
+    if TOKENIZER_WORKERS > 1:
+        command += f" --tokenizer-worker-num {TOKENIZER_WORKERS}"
+    launch = SWEEPS / f"{name}.txt"
+    launch.write_text(command + "\n", encoding="utf-8")
     return launch
 
 
