@@ -190,6 +190,31 @@ def summarize(text: str, seconds: float, rate: int = RATE) -> dict[str, Any]:
     }
 
 
+# Where SGLang's HTTP process spends its time: the first rule whose text a sample's stack contains names its bucket.
+HTTP_BUCKETS = (
+    ("/metrics page", "prometheus_client"),
+    ("unpickling the detokenizer's output", "_AsyncSocket._deserialize"),
+    ("handling the output per request", "TokenizerManager._handle_batch_output"),
+    ("tokenizing new requests", "TokenizerManager._tokenize_one_request"),
+    ("building each chunk", "generate_request.<locals>.stream_results"),
+    ("writing to the sockets", "RequestResponseCycle.send"),
+)
+
+
+def buckets(text: str, rules: tuple[tuple[str, str], ...] = HTTP_BUCKETS) -> dict[str, float]:
+    """py-spy's raw output as shares of its samples per bucket: a sample goes to the first rule whose text its stack
+    contains, else to "other"; lines that do not parse are left out."""
+    counts = dict.fromkeys([name for name, _ in rules] + ["other"], 0)
+    for n, line in enumerate(text.splitlines()):
+        stack, _, count = line.rpartition(" ")
+        if n >= MAX_LINES or len(line) > MAX_LINE or not stack or not count.isdigit():
+            continue
+        name = next((name for name, key in rules if key in stack), "other")
+        counts[name] += int(count)
+    total = sum(counts.values())
+    return {k: round(v / total, 4) if total else 0.0 for k, v in counts.items()}
+
+
 def _pyspy(binary: Path, pid: int, seconds: float, out: Path) -> str:
     """One bounded `py-spy record` of `pid`; "" when it wrote `out`, else the reason."""
     cmd = [str(binary), "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", str(RATE),

@@ -127,3 +127,21 @@ def test_the_stack_keeps_pyspy_where_the_profile_looks_for_it() -> None:
     spec.loader.exec_module(stack)
     assert stack.KEEP_DIR == host_profile.KEEP_DIR and "py-spy" in stack.KEEP_BIN
     assert any(pin.startswith("py-spy==") for pin in stack.PINS)
+
+
+def test_buckets_share_the_samples_by_the_first_rule_a_stack_matches() -> None:
+    metrics = "MultiProcessCollector.collect (prometheus_client/multiprocess.py:9)"
+    handle = "TokenizerManager._handle_batch_output (tokenizer_manager.py:2)"
+    unpickle = "_AsyncSocket._deserialize.<locals>._chain (zmq/_future.py:360);rebuild (msgspec/_utils.py:471)"
+    text = "\n".join([
+        f"thread (1): MainThread;Runner.run (asyncio/runners.py:118);{metrics};{handle} 3",
+        f"thread (1): MainThread;{unpickle} 5",
+        "thread (1): MainThread;Runner.run (asyncio/runners.py:118) 2",
+        "not a py-spy line",
+    ])  # fmt: skip
+    shares = host_profile.buckets(text)
+    assert shares["/metrics page"] == 0.3  # the first rule wins over the later one the stack also matches
+    assert shares["unpickling the detokenizer's output"] == 0.5
+    assert shares["other"] == 0.2
+    assert shares["handling the output per request"] == 0.0
+    assert host_profile.buckets("") == dict.fromkeys(shares, 0.0)
