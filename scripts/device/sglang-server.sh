@@ -49,6 +49,9 @@
 #             time per thread and py-spy's Python stacks (carried in the stack) over 10 s, and the bench client's;
 #             host.json sets them side by side per role (the HTTP and tokenizer process, scheduler, detokenizer,
 #             bench) (about 4 minutes)
+#             Every envelope phase takes SM120KIT_ENVELOPE_TOKENIZER_WORKERS=N: each server it starts gets N SGLang HTTP
+#             processes (--tokenizer-worker-num N; one process caps both servers at C=250,
+#             docs/validation/2026-12-07-h100-host)
 #   jit-venv  $JIT_VENV (default /tmp/jit-venv) from the JIT parts carried in earlier calls of this warm machine
 #             (scripts/device/jit_carry.py: FlashInfer 0.7.2, tvm-ffi and ninja whole, over $VENV): every part checked,
 #             joined and installed

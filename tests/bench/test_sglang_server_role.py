@@ -557,3 +557,31 @@ def test_a_bad_switch_threshold_is_refused_before_anything_is_written(tmp_path: 
     assert result.returncode != 0
     assert "sglang_server_plain_decode_min_bs" in flat(result.stdout)  # the argument spec's or the role's check
     assert not (tmp_path / "etc").exists()
+
+
+def test_tokenizer_workers_render_sglangs_http_processes(tmp_path: Path) -> None:
+    one = run_role(tmp_path, "sglang_server_configure", sglang_server_speculative=False)
+    assert one.returncode == 0, one.stdout[-3000:]
+    assert "--tokenizer-worker-num" not in command(tmp_path)
+    four = run_role(
+        tmp_path, "sglang_server_configure", sglang_server_speculative=False, sglang_server_tokenizer_workers=4
+    )
+    assert four.returncode == 0, four.stdout[-3000:]
+    assert "--port 30000 --tokenizer-worker-num 4 --enforce-disable" in command(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("value", "extra", "said"),
+    [
+        (0, [], "the number of SGLang HTTP processes, 1 or more (it is 0)"),
+        ("4x", [], "sglang_server_tokenizer_workers"),  # the argument spec's own refusal names the variable
+        (1, ["--tokenizer-worker-num=4"], "set there and not as --tokenizer-worker-num in sglang_server_extra_args"),
+    ],
+)
+def test_bad_tokenizer_workers_are_refused_before_anything_is_written(
+    tmp_path: Path, value: object, extra: list[str], said: str
+) -> None:
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_tokenizer_workers=value,
+                      sglang_server_extra_args=extra)  # fmt: skip
+    assert result.returncode != 0
+    assert said in flat(result.stdout) and not (tmp_path / "etc").exists()

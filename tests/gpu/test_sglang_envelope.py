@@ -67,6 +67,26 @@ SPREAD = os.environ.get("SM120KIT_ENVELOPE_SPREAD", "0")
 # SM120KIT_ENVELOPE_REPEATS (1-5): sweeps per server in its one start; the curves are their means per level and the
 # record keeps every sweep and the spread between them, so a miss can be told from the sweeps' own noise.
 REPEATS = int(os.environ.get("SM120KIT_ENVELOPE_REPEATS", "1"))
+# SGLang's HTTP (tokenizer) processes of every server this file starts (`--tokenizer-worker-num`; 1, SGLang's default,
+# leaves the launches as the role rendered them).
+TOKENIZER_WORKERS = int(os.environ.get("SM120KIT_ENVELOPE_TOKENIZER_WORKERS", "1"))
+
+
+def served(launch: Path) -> Path:
+    """`launch` as this run starts it: with TOKENIZER_WORKERS > 1 a copy (beside its environment file) that asks for
+    that many HTTP processes, else `launch` itself."""
+    if TOKENIZER_WORKERS < 1:
+        raise ValueError(f"SM120KIT_ENVELOPE_TOKENIZER_WORKERS={TOKENIZER_WORKERS}: give 1 or more")
+    if TOKENIZER_WORKERS == 1:
+        return launch
+    SWEEPS.mkdir(parents=True, exist_ok=True)
+    copy = SWEEPS / f"{launch.stem}-http{TOKENIZER_WORKERS}.txt"
+    shutil.copyfile(launch.with_suffix(".env"), copy.with_suffix(".env"))
+    command = launch.read_text(encoding="utf-8").rstrip("\n")
+    copy.write_text(f"{command} --tokenizer-worker-num {TOKENIZER_WORKERS}\n", encoding="utf-8")
+    return copy
+
+
 if not 1 <= REPEATS <= 5:
     raise ValueError(f"SM120KIT_ENVELOPE_REPEATS={REPEATS}: expected 1 to 5 sweeps per server")
 
@@ -172,7 +192,7 @@ class TestEnvelopeCurves:
     @pytest.mark.parametrize("name", list(CURVES))
     def test_sweep(self, patched: Patched, name: str) -> None:
         write_models("spec.txt")
-        for server in start(f"envelope-{name}", LAUNCH / CURVES[name][0]):
+        for server in start(f"envelope-{name}", served(LAUNCH / CURVES[name][0])):
             sweep(server, name)
             if name == "base":  # the greedy outputs the policy server must equal, token for token
                 (SWEEPS / "base-outputs.json").write_text(json.dumps(crossing.outputs(server)), encoding="utf-8")
@@ -210,7 +230,7 @@ class TestEnvelopePolicy:
             },
         )
         base = json.loads((SWEEPS / "base-outputs.json").read_text())
-        for server in start("envelope-policy", SWEEPS / "policy.txt"):
+        for server in start("envelope-policy", served(SWEEPS / "policy.txt")):
             sweep(server, "policy")
             differs = crossing.differ(base, crossing.outputs(server))
             found = plain_decode.evidence(server.lines())
@@ -219,7 +239,7 @@ class TestEnvelopePolicy:
         assert not differs, f"the policy server's greedy outputs differ from the plain server's: {differs}"
 
     def test_sweep_sglangs_adaptive_mode(self, patched: Patched) -> None:
-        for server in start("envelope-sglang-adaptive", LAUNCH / "sglang-adaptive.txt"):
+        for server in start("envelope-sglang-adaptive", served(LAUNCH / "sglang-adaptive.txt")):
             sweep(server, "sglang-adaptive")
         assert set(curve("sglang-adaptive")) == set(LEVELS)
 
@@ -285,28 +305,19 @@ class TestEnvelopePolicy:
 GAP_LEVELS = gap_levels(os.environ.get("SM120KIT_ENVELOPE_GAP_LEVELS", ",".join(map(str, GAP_DEFAULT))))
 # The switch-7 launch's threshold; the default is the crossing tiers.plan found for the synthetic pair on one GPU.
 PLAIN_FROM = int(os.environ.get("SM120KIT_ENVELOPE_PLAIN_FROM", "57"))
-# SGLang's HTTP (tokenizer) processes of both gap servers (`--tokenizer-worker-num`; 1 is SGLang's default).
-TOKENIZER_WORKERS = int(os.environ.get("SM120KIT_ENVELOPE_TOKENIZER_WORKERS", "1"))
 
 
 def gap_launch(name: str) -> Path:
-    """The plain server's launch for gap-base; for gap-policy the switch-7 launch with its threshold at PLAIN_FROM;
-    either with TOKENIZER_WORKERS HTTP processes where that is more than one."""
-    if TOKENIZER_WORKERS < 1:
-        raise ValueError(f"SM120KIT_ENVELOPE_TOKENIZER_WORKERS={TOKENIZER_WORKERS}: give 1 or more")
-    if name == "gap-base" and TOKENIZER_WORKERS == 1:
-        return LAUNCH / "base.txt"
+    """The plain server's launch for gap-base; for gap-policy the switch-7 launch with its threshold at PLAIN_FROM."""
+    if name == "gap-base":
+        return served(LAUNCH / "base.txt")
     SWEEPS.mkdir(parents=True, exist_ok=True)
-    source = "base" if name == "gap-base" else "switch-7"
-    env = (LAUNCH / f"{source}.env").read_text(encoding="utf-8")
+    env = (LAUNCH / "switch-7.env").read_text(encoding="utf-8")
     threshold = f'SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="{PLAIN_FROM}"'
-    (SWEEPS / f"{name}.env").write_text(env.replace('SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="30"', threshold), "utf-8")
-    command = (LAUNCH / f"{source}.txt").read_text(encoding="utf-8").rstrip("\n")
-    if TOKENIZER_WORKERS > 1:
-        command += f" --tokenizer-worker-num {TOKENIZER_WORKERS}"
-    launch = SWEEPS / f"{name}.txt"
-    launch.write_text(command + "\n", encoding="utf-8")
-    return launch
+    (SWEEPS / "gap-policy.env").write_text(env.replace('SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="30"', threshold), "utf-8")
+    launch = SWEEPS / "gap-policy.txt"
+    launch.write_text((LAUNCH / "switch-7.txt").read_text(), encoding="utf-8")
+    return served(launch)
 
 
 class TestEnvelopeGap:
