@@ -75,8 +75,6 @@ TOKENIZER_WORKERS = int(os.environ.get("SM120KIT_ENVELOPE_TOKENIZER_WORKERS", "1
 def served(launch: Path) -> Path:
     """`launch` as this run starts it: with TOKENIZER_WORKERS > 1 a copy (beside its environment file) that asks for
     that many HTTP processes, else `launch` itself."""
-    if TOKENIZER_WORKERS < 1:
-        raise ValueError(f"SM120KIT_ENVELOPE_TOKENIZER_WORKERS={TOKENIZER_WORKERS}: give 1 or more")
     if TOKENIZER_WORKERS == 1:
         return launch
     SWEEPS.mkdir(parents=True, exist_ok=True)
@@ -89,6 +87,8 @@ def served(launch: Path) -> Path:
 
 if not 1 <= REPEATS <= 5:
     raise ValueError(f"SM120KIT_ENVELOPE_REPEATS={REPEATS}: expected 1 to 5 sweeps per server")
+if TOKENIZER_WORKERS < 1:
+    raise ValueError(f"SM120KIT_ENVELOPE_TOKENIZER_WORKERS={TOKENIZER_WORKERS}: expected 1 or more HTTP processes")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,14 @@ def _frame_key(frame: str) -> str:
     return f"{name} ({'/'.join(Path(place).parts[-2:])})"
 
 
+def _rows(text: str) -> Iterator[tuple[str, int] | None]:
+    """py-spy's raw lines as (stack, samples); None for a line that does not parse or is past the bounds."""
+    for n, line in enumerate(text.splitlines()):
+        stack, _, count = line.rpartition(" ")
+        ok = n < MAX_LINES and len(line) <= MAX_LINE and stack and count.isdigit()
+        yield (stack, int(count)) if ok else None
+
+
 def summarize(text: str, seconds: float, rate: int = RATE) -> dict[str, Any]:
     """py-spy's raw output (`--format raw --threads`: `thread (TID): NAME;frame;...;frame COUNT` per line) as shares
     of the window's samples (seconds x rate per thread): per thread, and the top frames by own and inclusive time.
@@ -156,19 +165,16 @@ def summarize(text: str, seconds: float, rate: int = RATE) -> dict[str, Any]:
     threads: dict[str, int] = {}
     own: dict[str, int] = {}
     inclusive: dict[str, int] = {}
-    samples = skipped = 0
-    for n, line in enumerate(text.splitlines()):
-        if n >= MAX_LINES or len(line) > MAX_LINE:
-            skipped += 1
+    samples = 0
+    rows = list(_rows(text))
+    skipped = sum(row is None for row in rows)
+    for row in rows:
+        if row is None:
             continue
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            skipped += 1
-            continue
+        stack, k = row
         frames = stack.split(";")
         thread = frames[0] if frames[0].startswith("thread (") else "?"
         calls = [_frame_key(f) for f in (frames[1:] if thread != "?" else frames)]
-        k = int(count)
         samples += k
         threads[thread] = threads.get(thread, 0) + k
         if calls:
@@ -205,12 +211,10 @@ def buckets(text: str, rules: tuple[tuple[str, str], ...] = HTTP_BUCKETS) -> dic
     """py-spy's raw output as shares of its samples per bucket: a sample goes to the first rule whose text its stack
     contains, else to "other"; lines that do not parse are left out."""
     counts = dict.fromkeys([name for name, _ in rules] + ["other"], 0)
-    for n, line in enumerate(text.splitlines()):
-        stack, _, count = line.rpartition(" ")
-        if n >= MAX_LINES or len(line) > MAX_LINE or not stack or not count.isdigit():
-            continue
-        name = next((name for name, key in rules if key in stack), "other")
-        counts[name] += int(count)
+    for row in _rows(text):
+        if row is not None:
+            name = next((name for name, key in rules if key in row[0]), "other")
+            counts[name] += row[1]
     total = sum(counts.values())
     return {k: round(v / total, 4) if total else 0.0 for k, v in counts.items()}
 
