@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from lab import crossing, decode_log, host_profile, trace_kernels
+from lab import crossing, decode_log, host_profile, server_starts, trace_kernels
 from lab.gpu_seconds import GAP_DEFAULT, gap_levels, per_token, where
 from lab.sglang_gpu import (
     LAUNCH,
@@ -42,6 +42,7 @@ from lab.sglang_gpu import (
     Patched,
     Server,
     child_env,
+    environment_file,
     patch_tree,
     save,
     sm120check,
@@ -67,6 +68,10 @@ SPREAD = os.environ.get("SM120KIT_ENVELOPE_SPREAD", "0")
 # SM120KIT_ENVELOPE_REPEATS (1-5): sweeps per server in its one start; the curves are their means per level and the
 # record keeps every sweep and the spread between them, so a miss can be told from the sweeps' own noise.
 REPEATS = int(os.environ.get("SM120KIT_ENVELOPE_REPEATS", "1"))
+# SM120KIT_ENVELOPE_STARTS (1-3): starts of each curve's, the policy's and SGLang's adaptive server, one after the
+# other in one call, each swept REPEATS times; the curves are the means of every sweep, and the verdict's spread test
+# then covers the spread between two starts of one launch, which the sweeps of one start do not.
+STARTS = int(os.environ.get("SM120KIT_ENVELOPE_STARTS", "1"))
 # SGLang's HTTP (tokenizer) processes of every server this file starts (`--tokenizer-worker-num`; 1, SGLang's default,
 # leaves the launches as the role rendered them).
 TOKENIZER_WORKERS = int(os.environ.get("SM120KIT_ENVELOPE_TOKENIZER_WORKERS", "1"))
@@ -87,6 +92,8 @@ def served(launch: Path) -> Path:
 
 if not 1 <= REPEATS <= 5:
     raise ValueError(f"SM120KIT_ENVELOPE_REPEATS={REPEATS}: expected 1 to 5 sweeps per server")
+if not 1 <= STARTS <= 3:
+    raise ValueError(f"SM120KIT_ENVELOPE_STARTS={STARTS}: expected 1 to 3 starts per server")
 if TOKENIZER_WORKERS < 1:
     raise ValueError(f"SM120KIT_ENVELOPE_TOKENIZER_WORKERS={TOKENIZER_WORKERS}: expected 1 or more HTTP processes")
 
@@ -100,22 +107,33 @@ def patched() -> Iterator[Patched]:
     sm120check("sglang", "patch", "--revert")
 
 
-def sweep(server: Server, label: str, levels: tuple[int, ...] = LEVELS) -> None:
+def starts(name: str, launch: Path) -> Iterator[tuple[int, Server]]:
+    """The server of `launch` started STARTS times in turn (0-based index, the server), each stopped before the
+    next; the logs of starts after the first are envelope-NAME-sN."""
+    for i in range(STARTS):
+        for server in start(f"envelope-{name}" + (f"-s{i + 1}" if i else ""), served(launch)):
+            yield i, server
+
+
+def sweep(server: Server, label: str, levels: tuple[int, ...] = LEVELS, start_index: int = 0) -> None:
+    """REPEATS sweeps of `server`, appended to SWEEPS/LABEL.jsonl (emptied by the first start) under the bench labels
+    of server_starts.label_of."""
     SWEEPS.mkdir(parents=True, exist_ok=True)
     out = SWEEPS / f"{label}.jsonl"
-    out.unlink(missing_ok=True)
+    if start_index == 0:
+        out.unlink(missing_ok=True)
     tables = []
     for repeat in range(REPEATS):  # every sweep appends its levels to `out`
         run = sm120check(
             "bench", "--url", server.url, "--concurrency", ",".join(map(str, levels)), "--duration", str(LEVEL_S),
             "--input-len", "64", "--output-len", "128", "--min-lifetimes", str(LIFETIMES),
-            "--label", label if repeat == 0 else f"{label}-r{repeat + 1}",
+            "--label", server_starts.label_of(label, start_index, repeat),
             "--out", str(out), "--level-timeout", "120", "--output-len-spread", SPREAD, "--quiet",
             timeout=900,
         )  # fmt: skip
         tables.append(run.stdout + run.stderr)
         assert run.returncode == 0, run.stderr[-2000:]
-    save(f"bench-{label}.txt", "\n".join(tables))
+    save(f"bench-{label}" + (f"-s{start_index + 1}" if start_index else "") + ".txt", "\n".join(tables))
     views = decode_log.server_view(decode_log.parse(server.lines()))
     steady = {str(b): v.gen_tok_s for b, v in views.items()}
     (SWEEPS / f"{label}-steady.json").write_text(json.dumps(steady), encoding="utf-8")
@@ -169,6 +187,22 @@ def cohorts_of(label: str) -> dict[int, float]:
     return out
 
 
+def same_launch_as_policy() -> str | None:
+    """The swept curve whose server ran the policy server's command line and environment, if one did (a plan with no
+    plain tier at one curve's steps): a gap between the two is the spread between two starts of one launch."""
+    command, env = (SWEEPS / "policy.txt").read_text().split(), environment_file(SWEEPS / "policy.env")
+    for name, (launch, _) in CURVES.items():
+        path = LAUNCH / launch
+        if swept(name) and path.read_text().split() == command and environment_file(path.with_suffix(".env")) == env:
+            return name
+    return None
+
+
+def by_start(label: str) -> dict[int, dict[int, list[float]]]:
+    rows = [json.loads(line) for line in (SWEEPS / f"{label}.jsonl").read_text().splitlines() if line.strip()]
+    return server_starts.by_start(rows, label)
+
+
 def curve(label: str) -> dict[int, float]:
     """The mean of the sweeps per level."""
     return {c: sum(v) / len(v) for c, v in sweeps_of(label).items()}
@@ -192,9 +226,9 @@ class TestEnvelopeCurves:
     @pytest.mark.parametrize("name", list(CURVES))
     def test_sweep(self, patched: Patched, name: str) -> None:
         write_models("spec.txt")
-        for server in start(f"envelope-{name}", served(LAUNCH / CURVES[name][0])):
-            sweep(server, name)
-            if name == "base":  # the greedy outputs the policy server must equal, token for token
+        for i, server in starts(name, LAUNCH / CURVES[name][0]):
+            sweep(server, name, start_index=i)
+            if name == "base" and i == 0:  # the greedy outputs the policy server must equal, token for token
                 (SWEEPS / "base-outputs.json").write_text(json.dumps(crossing.outputs(server)), encoding="utf-8")
         assert set(curve(name)) == set(LEVELS)
         found = switch_of(name)
@@ -230,17 +264,20 @@ class TestEnvelopePolicy:
             },
         )
         base = json.loads((SWEEPS / "base-outputs.json").read_text())
-        for server in start("envelope-policy", served(SWEEPS / "policy.txt")):
-            sweep(server, "policy")
-            differs = crossing.differ(base, crossing.outputs(server))
+        differs: dict[str, Any] = {}
+        for i, server in starts("policy", SWEEPS / "policy.txt"):
+            sweep(server, "policy", start_index=i)
+            differs.update(
+                {f"start {i + 1}: {k}": v for k, v in crossing.differ(base, crossing.outputs(server)).items()}
+            )
             found = plain_decode.evidence(server.lines())
         save("policy-outputs.json", {"differ": differs, "switch": found.to_dict() if found else None})
         assert set(curve("policy")) == set(LEVELS)
         assert not differs, f"the policy server's greedy outputs differ from the plain server's: {differs}"
 
     def test_sweep_sglangs_adaptive_mode(self, patched: Patched) -> None:
-        for server in start("envelope-sglang-adaptive", served(LAUNCH / "sglang-adaptive.txt")):
-            sweep(server, "sglang-adaptive")
+        for i, server in starts("sglang-adaptive", LAUNCH / "sglang-adaptive.txt"):
+            sweep(server, "sglang-adaptive", start_index=i)
         assert set(curve("sglang-adaptive")) == set(LEVELS)
 
     def test_the_policy_is_on_the_envelope_and_beats_sglangs_adaptive(self) -> None:
@@ -252,6 +289,7 @@ class TestEnvelopePolicy:
             "levels": list(LEVELS),
             "output_len_spread": float(SPREAD),
             "sweeps_per_server": {n: len(sweeps_of(n)[LEVELS[0]]) for n in names},
+            "starts_per_server": {n: len(by_start(n)) for n in names},
             "curves": rows,
         }
         steady = {n: json.loads((SWEEPS / f"{n}-steady.json").read_text()) for n in ("base", "policy")}
@@ -263,6 +301,7 @@ class TestEnvelopePolicy:
             for b in (30, 100)
         }
         misses = []
+        twin = same_launch_as_policy()
         for i, c in enumerate(LEVELS):
             envelope = max(curves[n][c] for n in ("base", "spec-3", "spec-7") if n in curves)
             if curves["policy"][c] < (1 - ENVELOPE) * envelope:
@@ -271,6 +310,8 @@ class TestEnvelopePolicy:
                 overlap = max(sweeps_of("policy")[c]) >= (1 - ENVELOPE) * min(sweeps_of(best)[c])
                 repeated = len(sweeps_of("policy")[c]) > 1 or len(sweeps_of(best)[c]) > 1
                 noise = f" (within the sweeps' spread: {overlap})" if repeated else ""
+                if best == twin:
+                    noise += f" (the same launch as {best}: a gap between two starts of one server)"
                 cause = where(gpu_busy_per_sweep("policy")[c], gpu_busy_per_sweep(best)[c])
                 if (share := cohorts_of("policy").get(c)) is not None and share >= COHORT_WARN:
                     cause += f"; cohorts: {share:.0%} of C finished within 5 % of a lifetime of each other"
@@ -280,12 +321,19 @@ class TestEnvelopePolicy:
                 )
             if "sglang-adaptive" in curves and curves["policy"][c] < curves["sglang-adaptive"][c]:
                 anchor = curves["sglang-adaptive"][c]
-                misses.append(f"C={c}: policy {curves['policy'][c]:.0f} < SGLang adaptive {anchor:.0f}")
+                reach = max(sweeps_of("policy")[c]) >= min(sweeps_of("sglang-adaptive")[c])
+                misses.append(
+                    f"C={c}: policy {curves['policy'][c]:.0f} < SGLang adaptive {anchor:.0f}"
+                    f" (the policy's best sweep reaches its worst: {reach})"
+                )
             assert rows["policy"][i] == round(curves["policy"][c], 1)
         record = {
             **table,
             "sweeps": {n: {str(c): v for c, v in sweeps_of(n).items()} for n in names},
             "sweep_spread": {n: sweep_spread(n) for n in names},
+            "sweeps_by_start": {n: {str(k + 1): per for k, per in by_start(n).items()} for n in names},
+            "start_spread": {n: server_starts.start_spread(by_start(n)) for n in names},
+            "policy_same_launch_as": twin,
             "step_at_batch": step,
             "gpu_seconds": {n: gpu_busy(n) for n in names},
             "policy_batches": switch_of("policy"),
