@@ -1,0 +1,120 @@
+"""The envelope verdict of tests/gpu/test_sglang_envelope.py run here on sweeps written as the bench writes them: the
+verdict reads only files, so what it concludes from a record (misses, the launch the policy shares with a curve, the
+spread between server starts) is tested without a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import lab.sglang_gpu
+
+HARNESS = Path(__file__).parents[1] / "gpu" / "test_sglang_envelope.py"
+LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)
+
+
+@pytest.fixture
+def envelope(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("envelope_verdict_under_test", HARNESS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "SWEEPS", tmp_path / "sweeps")
+    monkeypatch.setattr(module, "OUT", tmp_path / "out")
+    monkeypatch.setattr(lab.sglang_gpu, "OUT", tmp_path / "out")
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "out").mkdir()
+    return module
+
+
+def rows(label: str, rates: dict[int, float]) -> list[dict[str, Any]]:
+    """One sweep's bench lines: every level 8 s, its GPU busy 90 % of it in decode."""
+    return [
+        {
+            "label": label,
+            "concurrency": c,
+            "throughput_tok_s": rate,
+            "output_tokens": round(rate * 8),
+            "level_started_epoch": 1000.0 + i * 10,
+            "level_ended_epoch": 1008.0 + i * 10,
+            "server_forward_seconds": {"decode": 7.2},
+            "cohort_share": 0.2,
+        }
+        for i, (c, rate) in enumerate(rates.items())
+    ]
+
+
+def write(module: ModuleType, name: str, *sweeps: list[dict[str, Any]]) -> None:
+    lines = [json.dumps(r) for sweep in sweeps for r in sweep]
+    (module.SWEEPS / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def policy_launch(module: ModuleType, threshold: int | None) -> None:
+    """The policy server's files as test_sweep_the_policy_server writes them for the switch-7 launch."""
+    env = (module.LAUNCH / "switch-7.env").read_text(encoding="utf-8")
+    line = f'SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="{threshold}"' if threshold else ""
+    shutil.copyfile(module.LAUNCH / "switch-7.txt", module.SWEEPS / "policy.txt")
+    (module.SWEEPS / "policy.env").write_text(env.replace('SGLANG_SM120KIT_PLAIN_DECODE_MIN_BS="30"', line))
+    for name in ("base", "policy"):
+        (module.SWEEPS / f"{name}-steady.json").write_text("{}", encoding="utf-8")
+    (module.SWEEPS / "policy-switch.json").write_text("null", encoding="utf-8")
+
+
+def verdict(module: ModuleType) -> tuple[list[str], dict[str, Any]]:
+    """The verdict's misses (empty when it passed) and the record it saved."""
+    try:
+        module.TestEnvelopePolicy().test_the_policy_is_on_the_envelope_and_beats_sglangs_adaptive()
+        misses: list[str] = []
+    except AssertionError:
+        misses = json.loads((module.OUT / "envelope-verdict.json").read_text())["misses"]
+    return misses, json.loads((module.OUT / "envelope-verdict.json").read_text())
+
+
+def flat(rate: float) -> dict[int, float]:
+    return dict.fromkeys(LEVELS, rate)
+
+
+def test_a_policy_planned_as_the_7_step_launch_names_its_twin_and_its_misses_as_a_start_gap(
+    envelope: ModuleType,
+) -> None:
+    write(envelope, "base", rows("base", flat(1000.0)))
+    write(envelope, "spec-7", rows("spec-7", flat(2000.0)), rows("spec-7-r2", flat(2100.0)))
+    write(envelope, "policy", rows("policy", {**flat(2050.0), 100: 1800.0}), rows("policy-r2", flat(2050.0)))
+    policy_launch(envelope, threshold=None)
+    misses, record = verdict(envelope)
+    assert record["policy_same_launch_as"] == "spec-7"
+    assert len(misses) == 1 and misses[0].startswith("C=100: policy 1925 < 95 % of the envelope 2050 (spec-7)")
+    assert "(within the sweeps' spread: True)" in misses[0]  # 2050 reaches 95 % of 2000
+    assert "(the same launch as spec-7: a gap between two starts of one server)" in misses[0]
+
+
+def test_a_policy_with_a_plain_tier_has_no_twin_and_passes_on_the_envelope(envelope: ModuleType) -> None:
+    write(envelope, "base", rows("base", {**flat(1000.0), 250: 3000.0}))
+    write(envelope, "spec-7", rows("spec-7", flat(2000.0)))
+    write(envelope, "policy", rows("policy", {**flat(1990.0), 250: 2900.0}))
+    policy_launch(envelope, threshold=57)
+    misses, record = verdict(envelope)
+    assert misses == [] and record["policy_same_launch_as"] is None
+
+
+def test_two_starts_per_server_join_the_spread_test_and_the_adaptive_miss_says_if_a_sweep_reaches(
+    envelope: ModuleType,
+) -> None:
+    write(envelope, "base", rows("base", flat(1000.0)), rows("base-s2", flat(1000.0)))
+    write(envelope, "spec-7", rows("spec-7", flat(2000.0)), rows("spec-7-s2", flat(2400.0)))
+    # the policy's starts: 2000 and 2300 at C=1; against one start of spec-7 at 2400 it would miss outside the spread
+    write(envelope, "policy", rows("policy", flat(2000.0)), rows("policy-s2", flat(2300.0)))
+    write(envelope, "sglang-adaptive", rows("sglang-adaptive", flat(2200.0)))
+    policy_launch(envelope, threshold=57)
+    misses, record = verdict(envelope)
+    assert record["starts_per_server"] == {"base": 2, "spec-7": 2, "sglang-adaptive": 1, "policy": 2}
+    assert record["start_spread"]["spec-7"]["1"] == pytest.approx(400 / 2200, abs=1e-4)
+    assert record["sweeps_by_start"]["policy"]["2"]["1"] == [2300.0]
+    assert not any("envelope" in m for m in misses)  # 2150 is 0.98 x the envelope 2200
+    assert "C=1: policy 2150 < SGLang adaptive 2200 (the policy's best sweep reaches its worst: True)" in misses
