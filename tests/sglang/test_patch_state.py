@@ -459,7 +459,7 @@ def test_a_gap_the_patch_leaves_open_is_exit_1_patch_needed(tmp_path: Path, monk
     gap = SimpleNamespace(ok=False, patchable=True, summary="fusion gate: still closed")
     # A stand-in scan: a release whose gap the edits do not close cannot be built from a small synthetic tree.
     stand_in = SimpleNamespace(
-        **vars(REPORT), flashinfer_origin="--flashinfer-version", blocked=[], findings=[gap], switch=None
+        **vars(REPORT), flashinfer_origin="--flashinfer-version", blocked=[], findings=[gap], switch=None, stream=None
     )
     monkeypatch.setattr(scan, "run", lambda *_, **__: stand_in)
     monkeypatch.setattr(patch, "plan", lambda tree, found: _changes(tree.root))

@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "--plain-decode",
             action="store_true",
             help="the speculation switch (SGLang 0.5.16 and 0.5.23): a 0-step decode batch of an EAGLE server runs "
-            "the target's plain decode; scan: report it as needed, patch: apply it (off unless given)",
+            "the target's plain decode, and its output streamer sends the speculative histograms only with a request's "
+            "last output; scan: report them as needed, patch: apply them (off unless given)",
         )
         sub.add_argument("--json", action="store_true", help="print JSON")
     scan_action.add_argument(
@@ -147,6 +148,9 @@ def _patch(tree: SourceTree, args: argparse.Namespace) -> int:
     switch = found.switch
     if args.plain_decode and switch is not None and not switch.applied and switch.reason:
         raise SglangError(f"--plain-decode refused, nothing changed: {switch.reason}")
+    stream = found.stream
+    if args.plain_decode and stream is not None and not stream.applied and stream.reason:
+        raise SglangError(f"--plain-decode refused, nothing changed: {stream.reason}")
     changes = patch.plan(tree, found)
     needed = bool(changes) or recovery.pending
     result: dict[str, object] = {

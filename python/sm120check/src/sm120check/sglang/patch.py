@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sm120check import __version__
-from sm120check.sglang import eagle, fusion_gates, plain_decode, preflight, state, symm_mem_gates
+from sm120check.sglang import eagle, fusion_gates, plain_decode, preflight, spec_stream, state, symm_mem_gates
 from sm120check.sglang.errors import SglangError
 from sm120check.sglang.scan import AUTO_ENABLE_ID, PREFLIGHT_ID, ScanReport
 from sm120check.sglang.state import Verdict
@@ -141,6 +141,12 @@ def plan(tree: SourceTree, report: ScanReport) -> list[FileChange]:
             plain_decode.PATH,
             functools.partial(plain_decode.add_switch, version=report.version),
             f"{plain_decode.WORKER}: the speculation switch (a 0-step decode batch runs the target's plain decode)",
+        )
+    if spec_stream.PATCH_ID in failing:
+        edit(
+            spec_stream.PATH,
+            functools.partial(spec_stream.add, version=report.version),
+            "speculative histograms sent only with a request's last output",
         )
     out = []
     for rel, text in texts.items():

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sm120check.sglang import eagle, flashinfer_workspace, fusion_gates, plain_decode, preflight, symm_mem_gates
+from sm120check.sglang import (
+    eagle,
+    flashinfer_workspace,
+    fusion_gates,
+    plain_decode,
+    preflight,
+    spec_stream,
+    symm_mem_gates,
+)
 from sm120check.sglang.tree import FLASHINFER_MIN_FOR_SM120, ComputeCapability, SourceTree, parse_flashinfer_version
 
 
@@ -33,6 +41,8 @@ class ScanReport:
     workspace_constants: flashinfer_workspace.ConstantsCheck | None = None
     # The speculation switch (opt in): whether this tree has it, or could take it
     switch: plain_decode.SwitchScan | None = None
+    # Its companion edit of the output streamer (applied with the switch)
+    stream: spec_stream.StreamScan | None = None
 
     @property
     def needs_patch(self) -> bool:
@@ -63,6 +73,7 @@ class ScanReport:
             "workspace_preflight": asdict(self.preflight) if self.preflight else None,
             "flashinfer_workspace_constants": asdict(self.workspace_constants) if self.workspace_constants else None,
             "plain_decode": asdict(self.switch) if self.switch else None,
+            "spec_stream": asdict(self.stream) if self.stream else None,
             "findings": [asdict(f) for f in self.findings],
         }
 
@@ -163,6 +174,19 @@ def _switch_finding(switch: plain_decode.SwitchScan, wanted: bool) -> Finding:
     return Finding(fid, False, True, "speculation switch asked for (--plain-decode) and not applied yet", path)
 
 
+def _stream_finding(stream: spec_stream.StreamScan, wanted: bool) -> Finding:
+    """The streamer edit that goes with the switch: to fix only where the switch was asked for, else a note."""
+    fid, path = spec_stream.PATCH_ID, stream.path
+    if stream.applied:
+        return Finding(fid, True, False, "speculative histograms sent only with a request's last output", path)
+    if not wanted:
+        why = f" ({stream.reason})" if stream.reason else " (opt in: sm120check sglang patch --plain-decode)"
+        return Finding(fid, True, False, "speculative histograms sent with every output" + why, path)
+    if stream.reason:
+        return Finding(fid, False, False, f"speculative-stream edit asked for and cannot apply: {stream.reason}", path)
+    return Finding(fid, False, True, "speculative-stream edit asked for (--plain-decode) and not applied yet", path)
+
+
 def run(
     tree: SourceTree,
     cc: ComputeCapability,
@@ -225,6 +249,9 @@ def run(
     worker = tree.read(plain_decode.PATH) if tree.exists(plain_decode.PATH) else None
     switch = plain_decode.survey(worker, tree.version)
     findings.append(_switch_finding(switch, plain))
+    streamer = tree.read(spec_stream.PATH) if tree.exists(spec_stream.PATH) else None
+    stream = spec_stream.survey(streamer, tree.version)
+    findings.append(_stream_finding(stream, plain))
     return ScanReport(
         str(tree.root),
         tree.version,
@@ -238,6 +265,7 @@ def run(
         preflight=workspace,
         workspace_constants=constants,
         switch=switch,
+        stream=stream,
     )
 
 
@@ -305,6 +333,7 @@ def render(report: ScanReport, model: str = "", every_model: bool = False) -> st
     if report.workspace_constants is not None:
         lines.append(f"  note  {flashinfer_workspace.describe(report.workspace_constants)}")
     if report.needs_patch:
-        plain = " --plain-decode" if any(f.id == plain_decode.PATCH_ID and not f.ok for f in report.findings) else ""
+        ids = (plain_decode.PATCH_ID, spec_stream.PATCH_ID)
+        plain = " --plain-decode" if any(f.id in ids and not f.ok for f in report.findings) else ""
         lines.append("fix: sm120check sglang patch" + plain + (f" --source {report.source}" if report.source else ""))
     return "\n".join(lines)

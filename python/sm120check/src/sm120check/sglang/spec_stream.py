@@ -1,0 +1,90 @@
+"""The speculative histograms only with a request's last output (`sglang patch --plain-decode` applies it with the
+switch): SGLang's output streamer (`srt/managers/scheduler_components/output_streamer.py`) appends every running
+request's two speculative histograms (correct drafts and cap lengths per step count) to every decode step's output,
+and the detokenizer forwards them to the HTTP process, which reads them only when the request finishes
+(`TokenizerManager._calculate_spec_decoding_metrics`). The edit appends an empty list for a request that has not
+finished, so each step's message carries two empty lists per request in place of two histograms; a finished
+request's output is unchanged. The four per-request counters stay in every output (ints, and their readers index
+them whatever the state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sm120check.sglang.errors import SglangError
+from sm120check.sglang.textedit import MARK
+
+PATCH_ID = "spec-stream"
+PATH = "srt/managers/scheduler_components/output_streamer.py"
+SUPPORTED = ("0.5.16", "0.5.23")
+FIELDS = ("spec_correct_drafts_histogram", "spec_cap_lens_histogram")
+_EDIT_NOTE = f"{MARK}: sent only with a request's last output"
+
+
+def _anchor(field: str) -> str:
+    return f"self.{field}.append(req.{field})"
+
+
+def _edited(field: str) -> str:
+    return f"self.{field}.append(req.{field} if req.finished() else [])  {_EDIT_NOTE}"
+
+
+@dataclass(frozen=True)
+class StreamScan:
+    """What the scan knows of the edit in one tree."""
+
+    path: str
+    supported: bool  # a release the edit was written against
+    applied: bool
+    reason: str  # why it cannot be applied (empty when it can)
+
+
+def applied(text: str) -> bool:
+    return all(_edited(f) in text for f in FIELDS)
+
+
+def _lines(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, indent) of each anchor line in FIELDS order; SglangError naming one not found exactly once."""
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    found = []
+    for field in FIELDS:
+        anchor = _anchor(field)
+        hits = [i for i, line in enumerate(lines) if line.strip() == anchor]
+        if len(hits) != 1:
+            how = "not found" if not hits else f"found {len(hits)} times"
+            raise SglangError(f"{PATH}: `{anchor}` {how}; the speculative-stream edit does not apply to this tree")
+        body = lines[hits[0]].rstrip("\r\n")
+        found.append((starts[hits[0]], starts[hits[0]] + len(body), body[: len(body) - len(body.lstrip())]))
+    return found
+
+
+def survey(text: str | None, version: str) -> StreamScan:
+    if text is None:
+        return StreamScan(PATH, False, False, f"{PATH} not found (no output streamer in this release)")
+    if applied(text):
+        return StreamScan(PATH, True, True, "")
+    if version not in SUPPORTED:
+        why = f"SGLang {version} is not a release the speculative-stream edit was written against"
+        return StreamScan(PATH, False, False, f"{why} ({', '.join(SUPPORTED)})")
+    try:
+        _lines(text)
+    except SglangError as exc:
+        return StreamScan(PATH, True, False, str(exc))
+    return StreamScan(PATH, True, False, "")
+
+
+def add(text: str, version: str) -> str:
+    """The streamer's source with the edit (unchanged when it is there already); SglangError when it cannot apply."""
+    if applied(text):
+        return text
+    if version not in SUPPORTED:
+        raise SglangError(
+            f"SGLang {version}: the speculative-stream edit is written for {', '.join(SUPPORTED)} only; "
+            "patch without --plain-decode, or install one of those releases"
+        )
+    for (start, end, indent), field in sorted(zip(_lines(text), FIELDS, strict=True), reverse=True):
+        text = text[:start] + indent + _edited(field) + text[end:]
+    return text

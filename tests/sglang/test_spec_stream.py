@@ -1,0 +1,136 @@
+"""The switch's companion edit of SGLang's output streamer (`sm120check sglang patch --plain-decode`) on the real 0.5.16
+and 0.5.23 wheels' sources: the two speculative histograms go only with a request's last output, applied once with
+the switch, reverted byte-identical, refused on other releases and on a streamer without its anchors; the committed
+upstream patch files are that edit and `git apply` takes them."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from lab.sglang_releases import release_dir, run_cli, tree_hashes
+from sm120check.sglang import plain_decode, spec_stream
+from sm120check.sglang.errors import SglangError
+
+pytestmark = pytest.mark.slow
+ARGS = ("--cc", "12.0", "--flashinfer-version", "0.7.2", "--json")
+PATCHES = Path(__file__).resolve().parents[2] / "docs" / "patches"
+
+
+def _copy(tmp_path: Path, version: str) -> Path:
+    tree = tmp_path / version / "sglang"
+    shutil.copytree(release_dir(version) / "sglang", tree)
+    return tree
+
+
+def _streamer(tree: Path) -> str:
+    return (tree / spec_stream.PATH).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("version", spec_stream.SUPPORTED)
+def test_the_edit_lands_with_the_switch_once_and_reverts_byte_identical(tmp_path: Path, version: str) -> None:
+    tree = _copy(tmp_path, version)
+    before = tree_hashes(tree)
+    assert json.loads(run_cli("scan", "--source", str(tree), *ARGS)[1])["spec_stream"]["applied"] is False
+    status, out = run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)
+    assert status == 0, out
+    changed = {f["path"]: f["changes"] for f in json.loads(out)["files"]}
+    assert changed[spec_stream.PATH] == ["speculative histograms sent only with a request's last output"]
+    assert spec_stream.applied(_streamer(tree))
+    again = json.loads(run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)[1])
+    assert again["files"] == [] and not again["needed"]
+    scanned = json.loads(run_cli("scan", "--source", str(tree), *ARGS)[1])
+    assert scanned["spec_stream"]["applied"] is True
+    assert run_cli("patch", "--source", str(tree), "--revert", "--json")[0] == 0
+    assert tree_hashes(tree) == before
+
+
+@pytest.mark.parametrize("version", spec_stream.SUPPORTED)
+def test_an_unfinished_request_sends_empty_histograms_and_a_finished_one_its_own(version: str) -> None:
+    """The edited statements, taken from the patched release file and run on a request of each state."""
+    text = spec_stream.add(_streamer(release_dir(version) / "sglang"), version)
+    statements = [line.strip() for line in text.splitlines() if "sent only with a request's last output" in line]
+    assert len(statements) == 2
+    for finished in (False, True):
+        req = SimpleNamespace(
+            finished=lambda done=finished: done, spec_correct_drafts_histogram=[3, 1, 4], spec_cap_lens_histogram=[2, 7]
+        )
+        out = SimpleNamespace(spec_correct_drafts_histogram=[], spec_cap_lens_histogram=[])
+        for statement in statements:
+            exec(statement, {}, {"self": out, "req": req})  # the release's own line, as patched
+        want = ([[3, 1, 4]], [[2, 7]]) if finished else ([[]], [[]])
+        assert (out.spec_correct_drafts_histogram, out.spec_cap_lens_histogram) == want
+
+
+def test_other_releases_are_refused_with_nothing_changed(tmp_path: Path) -> None:
+    tree = _copy(tmp_path, "0.5.14")
+    before = tree_hashes(tree)
+    status, out = run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)
+    assert status != 0 and "--plain-decode refused" in json.loads(out)["error"]
+    assert tree_hashes(tree) == before
+    with pytest.raises(SglangError, match=r"SGLang 0\.5\.14: the speculative-stream edit is written for 0\.5\.16"):
+        spec_stream.add("", "0.5.14")
+
+
+def test_a_streamer_without_its_anchor_refuses_the_switch_naming_it(tmp_path: Path) -> None:
+    tree = _copy(tmp_path, "0.5.16")
+    path = tree / spec_stream.PATH
+    path.write_text(_streamer(tree).replace("self.spec_cap_lens_histogram.append(", "self.other.append("))
+    before = tree_hashes(tree)
+    status, out = run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)
+    error = json.loads(out)["error"]
+    assert status != 0 and "`self.spec_cap_lens_histogram.append(req.spec_cap_lens_histogram)` not found" in error
+    assert tree_hashes(tree) == before
+
+
+def upstream_diff(original: str, version: str) -> str:
+    """The edit alone as a unified diff rooted at the sglang package's parent (what the committed file holds)."""
+    name = f"sglang/{spec_stream.PATH}"
+    patched = spec_stream.add(original, version)
+    lines = difflib.unified_diff(original.splitlines(True), patched.splitlines(True), f"a/{name}", f"b/{name}")
+    return "".join(lines)
+
+
+@pytest.mark.parametrize("version", spec_stream.SUPPORTED)
+def test_the_upstream_patch_file_is_the_edit_and_git_applies_it(tmp_path: Path, version: str) -> None:
+    committed = PATCHES / f"sglang-{version}-spec-stream.patch"
+    original = _streamer(release_dir(version) / "sglang")
+    assert committed.read_text(encoding="utf-8") == upstream_diff(original, version)
+    tree = _copy(tmp_path, version)
+    subprocess.run(["git", "init", "-q"], cwd=tree.parent, check=True, timeout=60)
+    run = subprocess.run(
+        ["git", "apply", str(committed)], cwd=tree.parent, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert _streamer(tree) == spec_stream.add(original, version)
+
+
+def test_a_tree_patched_with_the_switch_alone_takes_the_edit_on_the_next_patch_and_reverts_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree an earlier sm120check patched with the switch but no streamer edit: scan asks for the edit, the next
+    `patch --plain-decode` adds only it, and one revert restores the release byte for byte."""
+    tree = _copy(tmp_path, "0.5.23")
+    before = tree_hashes(tree)
+    assert spec_stream.PATH not in {
+        f["path"] for f in json.loads(run_cli("patch", "--source", str(tree), *ARGS)[1])["files"]
+    }
+    with monkeypatch.context() as m:
+        m.setattr(spec_stream, "add", lambda text, version: text)
+        # exit 1: the rescan after the edits still finds the streamer's edit missing
+        assert run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)[0] == 1
+    assert plain_decode.applied((tree / plain_decode.PATH).read_text()) and not spec_stream.applied(_streamer(tree))
+    scanned = json.loads(run_cli("scan", "--source", str(tree), "--plain-decode", *ARGS)[1])
+    finding = next(f for f in scanned["findings"] if f["id"] == spec_stream.PATCH_ID)
+    assert (finding["ok"], finding["patchable"]) == (False, True)
+    status, out = run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)
+    assert status == 0 and [f["path"] for f in json.loads(out)["files"]] == [spec_stream.PATH]
+    assert spec_stream.applied(_streamer(tree))
+    assert run_cli("patch", "--source", str(tree), "--revert", "--json")[0] == 0
+    assert tree_hashes(tree) == before
