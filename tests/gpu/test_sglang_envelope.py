@@ -226,13 +226,14 @@ class TestEnvelopeCurves:
     @pytest.mark.parametrize("name", list(CURVES))
     def test_sweep(self, patched: Patched, name: str) -> None:
         write_models("spec.txt")
+        switched = []  # each start's switch evidence: it stays off without a threshold or 0 slot
         for i, server in starts(name, LAUNCH / CURVES[name][0]):
             sweep(server, name, start_index=i)
+            switched.append(switch_of(name))
             if name == "base" and i == 0:  # the greedy outputs the policy server must equal, token for token
                 (SWEEPS / "base-outputs.json").write_text(json.dumps(crossing.outputs(server)), encoding="utf-8")
         assert set(curve(name)) == set(LEVELS)
-        found = switch_of(name)
-        assert found is None or not found["plain"], found  # the switch stays off without a threshold or 0 slot
+        assert all(found is None or not found["plain"] for found in switched), switched
 
 
 class TestEnvelopePolicy:
@@ -265,13 +266,15 @@ class TestEnvelopePolicy:
         )
         base = json.loads((SWEEPS / "base-outputs.json").read_text())
         differs: dict[str, Any] = {}
+        evidence: list[dict[str, Any] | None] = []  # each start's switch counts
         for i, server in starts("policy", SWEEPS / "policy.txt"):
             sweep(server, "policy", start_index=i)
             differs.update(
                 {f"start {i + 1}: {k}": v for k, v in crossing.differ(base, crossing.outputs(server)).items()}
             )
             found = plain_decode.evidence(server.lines())
-        save("policy-outputs.json", {"differ": differs, "switch": found.to_dict() if found else None})
+            evidence.append(found.to_dict() if found else None)
+        save("policy-outputs.json", {"differ": differs, "switch": evidence[-1], "switch_by_start": evidence})
         assert set(curve("policy")) == set(LEVELS)
         assert not differs, f"the policy server's greedy outputs differ from the plain server's: {differs}"
 
