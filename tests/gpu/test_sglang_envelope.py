@@ -17,6 +17,7 @@ The other phases (envelope-repeat, -spread, -gap, -profile, -host) are listed in
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -33,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from lab import crossing, decode_log, host_profile, server_starts, trace_kernels
+from lab import crossing, decode_log, gpu_clocks, host_profile, server_starts, trace_kernels
 from lab.gpu_seconds import GAP_DEFAULT, gap_levels, per_token, where
 from lab.sglang_gpu import (
     LAUNCH,
@@ -115,25 +116,59 @@ def starts(name: str, launch: Path) -> Iterator[tuple[int, Server]]:
             yield i, server
 
 
+@contextlib.contextmanager
+def gpu_sampled(path: Path) -> Iterator[None]:
+    """sm120check.soak.sampler (NVML reads only, a line a second) appending to `path` while the block runs."""
+    stop = path.with_suffix(".stop")
+    stop.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "sm120check.soak.sampler", "--out", str(path), "--duration", "1200"]
+    proc = subprocess.Popen(
+        [*argv, "--stop", str(stop)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env()
+    )
+    try:
+        yield
+    finally:
+        stop.touch()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def bench(server: Server, label: str, levels: tuple[int, ...], start_index: int, repeat: int, out: Path) -> str:
+    """One sweep of `server` appended to `out`; its table."""
+    run = sm120check(
+        "bench", "--url", server.url, "--concurrency", ",".join(map(str, levels)), "--duration", str(LEVEL_S),
+        "--input-len", "64", "--output-len", "128", "--min-lifetimes", str(LIFETIMES),
+        "--label", server_starts.label_of(label, start_index, repeat),
+        "--out", str(out), "--level-timeout", "120", "--output-len-spread", SPREAD, "--quiet",
+        timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout + run.stderr
+
+
 def sweep(server: Server, label: str, levels: tuple[int, ...] = LEVELS, start_index: int = 0) -> None:
     """REPEATS sweeps of `server`, appended to SWEEPS/LABEL.jsonl (emptied by the first start) under the bench labels
     of server_starts.label_of."""
     SWEEPS.mkdir(parents=True, exist_ok=True)
     out = SWEEPS / f"{label}.jsonl"
+    clocks = SWEEPS / f"{label}-gpu.json"  # every start's levels: the GPU's clocks while each ran
     if start_index == 0:
         out.unlink(missing_ok=True)
-    tables = []
-    for repeat in range(REPEATS):  # every sweep appends its levels to `out`
-        run = sm120check(
-            "bench", "--url", server.url, "--concurrency", ",".join(map(str, levels)), "--duration", str(LEVEL_S),
-            "--input-len", "64", "--output-len", "128", "--min-lifetimes", str(LIFETIMES),
-            "--label", server_starts.label_of(label, start_index, repeat),
-            "--out", str(out), "--level-timeout", "120", "--output-len-spread", SPREAD, "--quiet",
-            timeout=900,
-        )  # fmt: skip
-        tables.append(run.stdout + run.stderr)
-        assert run.returncode == 0, run.stderr[-2000:]
-    save(f"bench-{label}" + (f"-s{start_index + 1}" if start_index else "") + ".txt", "\n".join(tables))
+        clocks.unlink(missing_ok=True)
+    tag = f"-s{start_index + 1}" if start_index else ""
+    sampled = OUT / f"gpu-samples-{label}{tag}.jsonl"
+    sampled.unlink(missing_ok=True)
+    with gpu_sampled(sampled):  # every sweep appends its levels to `out`
+        tables = [bench(server, label, levels, start_index, repeat, out) for repeat in range(REPEATS)]
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    mine = [r for r in rows if server_starts.start_of(str(r["label"]), label) == start_index]
+    levels_seen = json.loads(clocks.read_text()) if clocks.is_file() else []
+    gpu = gpu_clocks.samples(sampled.read_text().splitlines() if sampled.is_file() else [])
+    clocks.write_text(json.dumps(levels_seen + gpu_clocks.per_level(gpu, mine)), encoding="utf-8")
+    save(f"bench-{label}{tag}.txt", "\n".join(tables))
     views = decode_log.server_view(decode_log.parse(server.lines()))
     steady = {str(b): v.gen_tok_s for b, v in views.items()}
     (SWEEPS / f"{label}-steady.json").write_text(json.dumps(steady), encoding="utf-8")
@@ -337,6 +372,7 @@ class TestEnvelopePolicy:
             "sweeps_by_start": {n: {str(k + 1): per for k, per in by_start(n).items()} for n in names},
             "start_spread": {n: server_starts.start_spread(by_start(n)) for n in names},
             "policy_same_launch_as": twin,
+            "gpu_clocks": {n: json.loads(f.read_text()) for n in names if (f := SWEEPS / f"{n}-gpu.json").is_file()},
             "step_at_batch": step,
             "gpu_seconds": {n: gpu_busy(n) for n in names},
             "policy_batches": switch_of("policy"),

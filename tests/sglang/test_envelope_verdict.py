@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import lab.gpu_clocks
 import lab.sglang_gpu
 
 HARNESS = Path(__file__).parents[1] / "gpu" / "test_sglang_envelope.py"
@@ -99,8 +100,11 @@ def test_a_policy_with_a_plain_tier_has_no_twin_and_passes_on_the_envelope(envel
     write(envelope, "spec-7", rows("spec-7", flat(2000.0)))
     write(envelope, "policy", rows("policy", {**flat(1990.0), 250: 2900.0}))
     policy_launch(envelope, threshold=57)
+    clocks = [{"label": "policy", "concurrency": 250, "samples": 8, "sm_mhz_mean": 1755, "reasons": ["SW power cap"]}]
+    (envelope.SWEEPS / "policy-gpu.json").write_text(json.dumps(clocks), encoding="utf-8")
     misses, record = verdict(envelope)
     assert misses == [] and record["policy_same_launch_as"] is None
+    assert record["gpu_clocks"] == {"policy": clocks}  # the servers swept with the sampler, as they were sampled
 
 
 def test_two_starts_per_server_join_the_spread_test_and_the_adaptive_miss_says_if_a_sweep_reaches(
@@ -118,3 +122,19 @@ def test_two_starts_per_server_join_the_spread_test_and_the_adaptive_miss_says_i
     assert record["sweeps_by_start"]["policy"]["2"]["1"] == [2300.0]
     assert not any("envelope" in m for m in misses)  # 2150 is 0.98 x the envelope 2200
     assert "C=1: policy 2150 < SGLang adaptive 2200 (the policy's best sweep reaches its worst: True)" in misses
+
+
+def test_the_gpu_sampler_around_a_sweep_ends_with_it_and_leaves_its_file(envelope: ModuleType, tmp_path: Path) -> None:
+    """The real sampler (sm120check.soak.sampler): here, without NVML, its file says why it read nothing; the block
+    ends it either way, so no sampler outlives a sweep."""
+    path = tmp_path / "gpu-samples-base.jsonl"
+    with envelope.gpu_sampled(path):
+        pass
+    assert path.with_suffix(".stop").exists()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[0])
+    assert first["kind"] == "sampler" and first["event"] in ("start", "failed"), first
+    if first["event"] == "failed":  # no NVIDIA driver: the note names the library, and no sample is made up
+        assert "libnvidia-ml" in first["text"] and lab.gpu_clocks.samples(lines) == []
+    else:
+        assert all(s.sm_mhz for s in lab.gpu_clocks.samples(lines))
