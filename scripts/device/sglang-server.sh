@@ -51,10 +51,10 @@
 #             bench) (about 4 minutes)
 #             Every envelope phase takes SM120KIT_ENVELOPE_TOKENIZER_WORKERS=N: each server it starts gets N SGLang HTTP
 #             processes (--tokenizer-worker-num N; one process caps both servers at C=250,
-#             docs/validation/2026-12-07-h100-host; with 4 the repeat phases took about 7.5, 5.5, 5.5 and 8 minutes),
+#             docs/validation/2026-12-07-h100-host; with 4 the repeat phases take about 7.5, 5.5, 5.5 and 8 minutes),
 #             and SM120KIT_ENVELOPE_STARTS=N (1-3): each server of the curves, policy and adaptive phases started N
-#             times in turn, each swept SM120KIT_ENVELOPE_REPEATS times, so the verdict's spread covers two starts of
-#             one launch (docs/validation/2026-12-07-h100-envelope-workers-4 measured up to 21 % between them);
+#             times in turn, each swept SM120KIT_ENVELOPE_REPEATS times, so the verdict's spread covers the spread
+#             between two starts of one launch;
 #             every sweep runs sm120check.soak.sampler (NVML reads, 1 s): gpu-samples-*.jsonl, and the verdict's
 #             gpu_clocks gives each level's SM clock, power, temperature and clock-event reasons
 #   jit-venv  $JIT_VENV (default /tmp/jit-venv) from the JIT parts carried in earlier calls of this warm machine

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import hashlib
 import io
 import shutil
@@ -90,3 +91,18 @@ class PatchCycle:
     reverted: Json
     hashes_before: dict[str, str]
     hashes_after_revert: dict[str, str]
+
+
+def upstream_diff(original: str, patched: str, rel: str) -> str:
+    """One file's edit as a unified diff rooted at the sglang package's parent (`git apply` and `patch -p1` take it
+    from site-packages or a checkout's python/ folder): what a docs/patches file holds. `rel` is under sglang/."""
+    name = f"sglang/{rel}"
+    lines = difflib.unified_diff(original.splitlines(True), patched.splitlines(True), f"a/{name}", f"b/{name}")
+    return "".join(lines)
+
+
+def git_apply(patch_file: Path, tree: Path) -> subprocess.CompletedProcess[str]:
+    """`git apply PATCH_FILE` in a fresh git repository at the parent of `tree` (a copied release's sglang/)."""
+    subprocess.run(["git", "init", "-q"], cwd=tree.parent, check=True, timeout=60)
+    argv = ["git", "apply", str(patch_file)]
+    return subprocess.run(argv, cwd=tree.parent, capture_output=True, text=True, timeout=60, check=False)

@@ -6,7 +6,6 @@ present in the release they are added to (the GPU run, tests/gpu/test_sglang_swi
 from __future__ import annotations
 
 import ast
-import difflib
 import json
 import shutil
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from lab.sglang_releases import release_dir, run_cli, tree_hashes
+from lab.sglang_releases import git_apply, release_dir, run_cli, tree_hashes, upstream_diff
 from sm120check.sglang import plain_decode
 
 pytestmark = pytest.mark.slow
@@ -278,32 +277,15 @@ def test_counts_read_the_last_record_of_a_log() -> None:
     assert plain_decode.counts([hostile]) is None
 
 
-def upstream_diff(original: str, version: str) -> str:
-    """The switch alone as a unified diff against the release's worker (a/ and b/ rooted at the sglang package's
-    parent, `git apply` and `patch -p1` take it from site-packages or a checkout's python/ folder): what
-    docs/patches/sglang-VERSION-plain-decode.patch holds."""
-    patched = plain_decode.add_switch(original, version)
-    name = f"sglang/{plain_decode.PATH}"
-    return "".join(
-        difflib.unified_diff(
-            original.splitlines(keepends=True), patched.splitlines(keepends=True), f"a/{name}", f"b/{name}"
-        )
-    )
-
-
 @pytest.mark.parametrize("version", SUPPORTED)
 def test_the_upstream_patch_file_is_the_switch_and_git_applies_it(tmp_path: Path, version: str) -> None:
     """docs/patches/sglang-VERSION-plain-decode.patch: what the patcher adds, accepted by `git apply` on the release."""
-    import subprocess
-
     committed = Path(__file__).resolve().parents[2] / "docs" / "patches" / f"sglang-{version}-plain-decode.patch"
     original = _worker(release_dir(version) / "sglang")
-    assert committed.read_text(encoding="utf-8") == upstream_diff(original, version)
+    patched = plain_decode.add_switch(original, version)
+    assert committed.read_text(encoding="utf-8") == upstream_diff(original, patched, plain_decode.PATH)
     tree = _copy(tmp_path, version)
-    subprocess.run(["git", "init", "-q"], cwd=tree.parent, check=True, timeout=60)
-    run = subprocess.run(
-        ["git", "apply", str(committed)], cwd=tree.parent, capture_output=True, text=True, timeout=60, check=False
-    )
+    run = git_apply(committed, tree)
     assert run.returncode == 0, run.stderr
     assert _worker(tree) == plain_decode.add_switch(original, version)
 

@@ -5,16 +5,14 @@ upstream patch files are that edit and `git apply` takes them."""
 
 from __future__ import annotations
 
-import difflib
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from lab.sglang_releases import release_dir, run_cli, tree_hashes
+from lab.sglang_releases import git_apply, release_dir, run_cli, tree_hashes, upstream_diff
 from sm120check.sglang import plain_decode, spec_stream
 from sm120check.sglang.errors import SglangError
 
@@ -89,24 +87,14 @@ def test_a_streamer_without_its_anchor_refuses_the_switch_naming_it(tmp_path: Pa
     assert tree_hashes(tree) == before
 
 
-def upstream_diff(original: str, version: str) -> str:
-    """The edit alone as a unified diff rooted at the sglang package's parent (what the committed file holds)."""
-    name = f"sglang/{spec_stream.PATH}"
-    patched = spec_stream.add(original, version)
-    lines = difflib.unified_diff(original.splitlines(True), patched.splitlines(True), f"a/{name}", f"b/{name}")
-    return "".join(lines)
-
-
 @pytest.mark.parametrize("version", spec_stream.SUPPORTED)
 def test_the_upstream_patch_file_is_the_edit_and_git_applies_it(tmp_path: Path, version: str) -> None:
     committed = PATCHES / f"sglang-{version}-spec-stream.patch"
     original = _streamer(release_dir(version) / "sglang")
-    assert committed.read_text(encoding="utf-8") == upstream_diff(original, version)
+    patched = spec_stream.add(original, version)
+    assert committed.read_text(encoding="utf-8") == upstream_diff(original, patched, spec_stream.PATH)
     tree = _copy(tmp_path, version)
-    subprocess.run(["git", "init", "-q"], cwd=tree.parent, check=True, timeout=60)
-    run = subprocess.run(
-        ["git", "apply", str(committed)], cwd=tree.parent, capture_output=True, text=True, timeout=60, check=False
-    )
+    run = git_apply(committed, tree)
     assert run.returncode == 0, run.stderr
     assert _streamer(tree) == spec_stream.add(original, version)
 

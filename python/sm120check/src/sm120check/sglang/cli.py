@@ -145,12 +145,9 @@ def _emit(args: argparse.Namespace, root: Path, result: dict[str, object], chang
 def _patch(tree: SourceTree, args: argparse.Namespace) -> int:
     recovery = patch.recover(tree, check=args.check)  # an interrupted, stale or unrecorded state comes first
     found = _scan(tree, args)
-    switch = found.switch
-    if args.plain_decode and switch is not None and not switch.applied and switch.reason:
-        raise SglangError(f"--plain-decode refused, nothing changed: {switch.reason}")
-    stream = found.stream
-    if args.plain_decode and stream is not None and not stream.applied and stream.reason:
-        raise SglangError(f"--plain-decode refused, nothing changed: {stream.reason}")
+    for opt_in in (found.switch, found.stream) if args.plain_decode else ():
+        if opt_in is not None and not opt_in.applied and opt_in.reason:
+            raise SglangError(f"--plain-decode refused, nothing changed: {opt_in.reason}")
     changes = patch.plan(tree, found)
     needed = bool(changes) or recovery.pending
     result: dict[str, object] = {

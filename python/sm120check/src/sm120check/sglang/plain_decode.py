@@ -199,7 +199,7 @@ def _sm120kit_plain_decode(self, batch, on_publish):
 
 @dataclass(frozen=True)
 class SwitchScan:
-    """What the scan knows of the switch in one tree."""
+    """What the scan knows of one opt-in edit (the switch, or spec_stream's) in one tree."""
 
     path: str
     supported: bool  # a release the switch was written against

@@ -42,7 +42,7 @@ class ScanReport:
     # The speculation switch (opt in): whether this tree has it, or could take it
     switch: plain_decode.SwitchScan | None = None
     # Its companion edit of the output streamer (applied with the switch)
-    stream: spec_stream.StreamScan | None = None
+    stream: plain_decode.SwitchScan | None = None
 
     @property
     def needs_patch(self) -> bool:
@@ -159,32 +159,17 @@ def _names(keys: tuple[int, ...]) -> str:
     return ", ".join(map(str, keys))
 
 
-def _switch_finding(switch: plain_decode.SwitchScan, wanted: bool) -> Finding:
-    """The speculation switch: a finding to fix only where it was asked for (`--plain-decode`), else a note."""
-    fid, path = plain_decode.PATCH_ID, switch.path
-    if switch.applied:
-        return Finding(
-            fid, True, False, "speculation switch present: a 0-step decode batch runs the plain decode", path
-        )
+def _opt_in_finding(fid: str, found: plain_decode.SwitchScan, wanted: bool, name: str, on: str, off: str) -> Finding:
+    """An edit of `--plain-decode` (the switch, the streamer's): a finding to fix only where it was asked for, else a
+    note. `name` the edit, `on` / `off` what the tree does with it / without it."""
+    if found.applied:
+        return Finding(fid, True, False, on, found.path)
     if not wanted:
-        why = f" ({switch.reason})" if switch.reason else " (opt in: sm120check sglang patch --plain-decode)"
-        return Finding(fid, True, False, "speculation switch not applied" + why, path)
-    if switch.reason:
-        return Finding(fid, False, False, f"speculation switch asked for and cannot apply: {switch.reason}", path)
-    return Finding(fid, False, True, "speculation switch asked for (--plain-decode) and not applied yet", path)
-
-
-def _stream_finding(stream: spec_stream.StreamScan, wanted: bool) -> Finding:
-    """The streamer edit that goes with the switch: to fix only where the switch was asked for, else a note."""
-    fid, path = spec_stream.PATCH_ID, stream.path
-    if stream.applied:
-        return Finding(fid, True, False, "speculative histograms sent only with a request's last output", path)
-    if not wanted:
-        why = f" ({stream.reason})" if stream.reason else " (opt in: sm120check sglang patch --plain-decode)"
-        return Finding(fid, True, False, "speculative histograms sent with every output" + why, path)
-    if stream.reason:
-        return Finding(fid, False, False, f"speculative-stream edit asked for and cannot apply: {stream.reason}", path)
-    return Finding(fid, False, True, "speculative-stream edit asked for (--plain-decode) and not applied yet", path)
+        why = f" ({found.reason})" if found.reason else " (opt in: sm120check sglang patch --plain-decode)"
+        return Finding(fid, True, False, off + why, found.path)
+    if found.reason:
+        return Finding(fid, False, False, f"{name} asked for and cannot apply: {found.reason}", found.path)
+    return Finding(fid, False, True, f"{name} asked for (--plain-decode) and not applied yet", found.path)
 
 
 def run(
@@ -248,10 +233,19 @@ def run(
     findings += [Finding(*f) for f in eagle.findings(found)]
     worker = tree.read(plain_decode.PATH) if tree.exists(plain_decode.PATH) else None
     switch = plain_decode.survey(worker, tree.version)
-    findings.append(_switch_finding(switch, plain))
     streamer = tree.read(spec_stream.PATH) if tree.exists(spec_stream.PATH) else None
     stream = spec_stream.survey(streamer, tree.version)
-    findings.append(_stream_finding(stream, plain))
+    findings += [
+        _opt_in_finding(
+            plain_decode.PATCH_ID, switch, plain, "speculation switch",
+            "speculation switch present: a 0-step decode batch runs the plain decode", "speculation switch not applied",
+        ),
+        _opt_in_finding(
+            spec_stream.PATCH_ID, stream, plain, "speculative-stream edit",
+            "speculative histograms sent only with a request's last output",
+            "speculative histograms sent with every output",
+        ),
+    ]  # fmt: skip
     return ScanReport(
         str(tree.root),
         tree.version,

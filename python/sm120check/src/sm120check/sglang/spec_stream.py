@@ -9,9 +9,8 @@ them whatever the state)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sm120check.sglang.errors import SglangError
+from sm120check.sglang.plain_decode import SwitchScan
 from sm120check.sglang.textedit import MARK
 
 PATCH_ID = "spec-stream"
@@ -27,16 +26,6 @@ def _anchor(field: str) -> str:
 
 def _edited(field: str) -> str:
     return f"self.{field}.append(req.{field} if req.finished() else [])  {_EDIT_NOTE}"
-
-
-@dataclass(frozen=True)
-class StreamScan:
-    """What the scan knows of the edit in one tree."""
-
-    path: str
-    supported: bool  # a release the edit was written against
-    applied: bool
-    reason: str  # why it cannot be applied (empty when it can)
 
 
 def applied(text: str) -> bool:
@@ -61,19 +50,19 @@ def _lines(text: str) -> list[tuple[int, int, str]]:
     return found
 
 
-def survey(text: str | None, version: str) -> StreamScan:
+def survey(text: str | None, version: str) -> SwitchScan:
     if text is None:
-        return StreamScan(PATH, False, False, f"{PATH} not found (no output streamer in this release)")
+        return SwitchScan(PATH, False, False, f"{PATH} not found (no output streamer in this release)")
     if applied(text):
-        return StreamScan(PATH, True, True, "")
+        return SwitchScan(PATH, True, True, "")
     if version not in SUPPORTED:
         why = f"SGLang {version} is not a release the speculative-stream edit was written against"
-        return StreamScan(PATH, False, False, f"{why} ({', '.join(SUPPORTED)})")
+        return SwitchScan(PATH, False, False, f"{why} ({', '.join(SUPPORTED)})")
     try:
         _lines(text)
     except SglangError as exc:
-        return StreamScan(PATH, True, False, str(exc))
-    return StreamScan(PATH, True, False, "")
+        return SwitchScan(PATH, True, False, str(exc))
+    return SwitchScan(PATH, True, False, "")
 
 
 def add(text: str, version: str) -> str:
