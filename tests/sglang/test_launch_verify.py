@@ -273,6 +273,7 @@ def test_a_healthy_launch_is_ok_on_every_expectation(tmp_path: Path, docs: Docs,
         "graph_memory_gb": 1.37,
         "max_running_requests": None,
         "plain_decode": None,  # no speculation switch in this server's log
+        "http_workers": None,  # one HTTP process
         "allreduce_backend": "default",  # no PCIe-IPC line: SGLang's own choice
         "allreduce": report["data"]["allreduce"],
     }
@@ -734,3 +735,58 @@ def test_no_log_read_leaves_the_backend_unknown(docs: Docs) -> None:
     run = verify("--url", url, "--expect", "cuda-graph", "--json")
     assert run.report["data"]["allreduce_backend"] == "unknown"
     assert run.report["data"]["allreduce"] is None
+
+
+# --- the HTTP processes -------------------------------------------------------------------------------------------
+
+
+def worker_start(version: str, pid: int) -> str:
+    """The line `version` prints when one of its HTTP (tokenizer) processes starts."""
+    fmt = next(
+        f for f in log_formats(release_dir(version), ["srt/entrypoints/http_server.py"])
+        if "Start multi-tokenizer worker process" in f.text
+    )  # fmt: skip
+    return LOG_PREFIX + render(fmt, {}, str(pid))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", RELEASES)
+def test_http_processes_killed_after_ready_fail_the_launch_with_the_health_check_fix(
+    tmp_path: Path, docs: Docs, version: str
+) -> None:
+    log = healthy_log(version)
+    start = log[0] + " tokenizer_worker_num=4, detokenizer_worker_num=1"
+    killed = [
+        f"{LOG_PREFIX}INFO:     {text}"
+        for pid in (90, 91)
+        for text in (f"Waiting for child process [{pid}]", f"Child process [{pid}] died")
+    ]
+    started = [worker_start(version, pid) for pid in (11, 12, 13)]
+    lines = [start, *log[1:], *started, *killed, f"{LOG_PREFIX}a request"]
+    run = run_release(tmp_path, docs, version, lines)
+    assert run.status == 1, run.out + run.err
+    report = run.report
+    assert report["data"]["http_workers"] == {
+        "asked": 4, "serving": 3, "started": [11, 12, 13], "killed": [90, 91], "killed_after_ready": 2, "ready": True,
+    }  # fmt: skip
+    problem = next(p for p in report["problems"] if p.startswith("HTTP processes:"))
+    assert "killed 2 after the server was ready" in problem and "3 of the 4 launched serve" in problem
+    assert "SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT=120" in problem
+    assert report["degraded"] == []  # the expectations themselves were met
+    text = verify("--log", write_log(tmp_path, lines), "--launch-command", launch_file(tmp_path))
+    assert text.status == 1 and text.out.rstrip().endswith("the server lost HTTP processes while it served")
+
+
+@pytest.mark.slow
+def test_workers_replaced_while_the_server_started_are_a_note(tmp_path: Path, docs: Docs) -> None:
+    version = "0.5.16"
+    log = healthy_log(version)
+    start = log[0] + " tokenizer_worker_num=2"
+    early = [f"{LOG_PREFIX}INFO:     Waiting for child process [7]", f"{LOG_PREFIX}INFO:     Child process [7] died"]
+    lines = [start, *early, *log[1:-1], worker_start(version, 8), worker_start(version, 9), log[-1]]
+    run = run_release(tmp_path, docs, version, lines)
+    assert run.status == 0, run.out + run.err
+    assert (
+        "HTTP processes: 2 launched, 2 serving; uvicorn's health check killed 1 while the server started"
+        in (run.report["notes"])
+    )

@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlsplit
 
 from sm120check import argtypes, bounded
 from sm120check.exitcodes import Exit
-from sm120check.sglang import allreduce_backend, plain_decode
+from sm120check.sglang import allreduce_backend, http_workers, plain_decode
 from sm120check.sglang.launch_report import SCHEMA, exit_code, render, to_dict
 from sm120check.sglang.launch_request import LaunchRequest, parse_expect, request_from_argv, request_from_command
 from sm120check.sglang.launch_terms import Expectation, LaunchError, printable
@@ -353,6 +353,9 @@ def verify(args: argparse.Namespace) -> LaunchReport:
     if scan is not None:
         backend = allreduce_backend.scan(lines, scan.start_line or 1, report.log_complete)
         report = dataclasses.replace(report, allreduce=backend, notes=(*report.notes, backend.note))
+    workers = http_workers.scan(lines)
+    if workers is not None:
+        report = dataclasses.replace(report, http_workers=workers, notes=(*report.notes, workers.note))
     switch = plain_decode.evidence(lines)
     min_bs = getattr(args, "plain_decode_min_bs", None)
     if switch is None and min_bs is not None and scan is not None:

@@ -62,12 +62,14 @@ def to_dict(report: LaunchReport) -> dict[str, object]:
         "failed_start": report.failed_start or None,
         "problems": ([report.failed_start] if report.failed_start else [])
         + [v.line for v in report.degraded]
-        + ([report.switch_problem] if report.switch_problem else []),
+        + ([report.switch_problem] if report.switch_problem else [])
+        + ([report.http_workers_problem] if report.http_workers_problem else []),
         "data": {
             "avg_spec_accept_length": report.info.accept_length if report.info else None,
             "graph_memory_gb": report.info.graph_memory_gb if report.info else None,
             "max_running_requests": report.info.max_running_requests if report.info else None,
             "plain_decode": report.switch.to_dict() if report.switch else None,
+            "http_workers": report.http_workers.to_dict() if report.http_workers else None,
             "allreduce_backend": report.allreduce.backend.value if report.allreduce else "unknown",
             "allreduce": report.allreduce.to_dict() if report.allreduce else None,
         },
@@ -96,11 +98,15 @@ def render(report: LaunchReport) -> str:
         lines.append(report.failed_start)
     if report.switch_problem:
         lines.append(report.switch_problem)
+    if report.http_workers_problem:
+        lines.append(report.http_workers_problem)
     lines = [terminal_text(line, one_line=True) for line in lines]  # the server's version and log text among them
     if report.failed_start:
         lines.append("the server did not start: the verdicts above judge another process")
     elif report.switch_problem:
         lines.append("the speculation switch is not as launched")
+    elif report.http_workers_problem:
+        lines.append("the server lost HTTP processes while it served")
     elif report.degraded:
         names = ", ".join(v.expectation.value for v in report.degraded)
         lines.append(f"{len(report.degraded)} of {len(report.verdicts)} degraded: {names}")

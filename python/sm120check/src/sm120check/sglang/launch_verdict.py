@@ -10,6 +10,7 @@ from enum import Enum
 
 from sm120check import versions
 from sm120check.sglang.allreduce_backend import BackendEvidence
+from sm120check.sglang.http_workers import HttpWorkers
 from sm120check.sglang.launch_patterns import NEVER_RAN, SILENT_WHEN_ON, TABLE_RELEASES
 from sm120check.sglang.launch_request import LaunchRequest
 from sm120check.sglang.launch_terms import RAISE_RUNNING_CAP, SPECULATIVE_RUNNING_DEFAULT, Expectation, Sign
@@ -66,10 +67,15 @@ class LaunchReport:
     switch: SwitchEvidence | None = None  # the speculation switch's batches, where the log has them
     switch_problem: str = ""  # the switch's batches against the launch's threshold (--plain-decode-min-bs)
     allreduce: BackendEvidence | None = None  # the all-reduce backend the log shows (None: no log read)
+    http_workers: HttpWorkers | None = None  # the HTTP processes, where the run launched more than one
+
+    @property
+    def http_workers_problem(self) -> str:
+        return self.http_workers.problem if self.http_workers else ""
 
     @property
     def failed(self) -> bool:
-        return bool(self.degraded or self.failed_start or self.switch_problem)
+        return bool(self.degraded or self.failed_start or self.switch_problem or self.http_workers_problem)
 
     @property
     def degraded(self) -> tuple[ExpectationVerdict, ...]:
