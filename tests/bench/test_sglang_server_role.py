@@ -568,6 +568,39 @@ def test_tokenizer_workers_render_sglangs_http_processes(tmp_path: Path) -> None
     )
     assert four.returncode == 0, four.stdout[-3000:]
     assert "--port 30000 --tokenizer-worker-num 4 --enforce-disable" in command(tmp_path)
+    assert 'SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT="120"' in environment(tmp_path)  # uvicorn's 10 s kills workers
+
+
+def environment(tmp: Path) -> list[str]:
+    return (tmp / "etc" / "environment").read_text().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("workers", "seconds", "env", "line"),
+    [
+        (1, 120, {}, None),  # one HTTP process: no supervisor, nothing to set
+        (2, 300, {}, 'SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT="300"'),
+        (2, 120, {"SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT": "45"}, 'SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT="45"'),
+    ],
+)
+def test_the_http_workers_health_check_goes_into_the_units_environment(
+    tmp_path: Path, workers: int, seconds: int, env: dict[str, str], line: str | None
+) -> None:
+    result = run_role(
+        tmp_path, "sglang_server_configure", sglang_server_speculative=False, sglang_server_tokenizer_workers=workers,
+        sglang_server_http_worker_healthcheck_s=seconds, sglang_server_env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    found = [e for e in environment(tmp_path) if e.startswith("SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT=")]
+    assert found == ([line] if line else [])
+
+
+@pytest.mark.parametrize("value", [0, "2m", 100000])
+def test_a_bad_health_check_is_refused_before_anything_is_written(tmp_path: Path, value: object) -> None:
+    result = run_role(tmp_path, "sglang_server_configure", sglang_server_tokenizer_workers=2,
+                      sglang_server_http_worker_healthcheck_s=value)  # fmt: skip
+    assert result.returncode != 0
+    assert "sglang_server_http_worker_healthcheck_s" in flat(result.stdout) and not (tmp_path / "etc").exists()
 
 
 @pytest.mark.parametrize(

@@ -52,7 +52,7 @@ from lab.sglang_gpu import (
 )
 from sm120check.bench import tiers
 from sm120check.bench.closedloop import COHORT_WARN
-from sm120check.sglang import plain_decode
+from sm120check.sglang import http_workers, plain_decode
 
 pytestmark = MARKS
 LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)
@@ -79,13 +79,16 @@ TOKENIZER_WORKERS = int(os.environ.get("SM120KIT_ENVELOPE_TOKENIZER_WORKERS", "1
 
 
 def served(launch: Path) -> Path:
-    """`launch` as this run starts it: with TOKENIZER_WORKERS > 1 a copy (beside its environment file) that asks for
-    that many HTTP processes, else `launch` itself."""
+    """`launch` as this run starts it: with TOKENIZER_WORKERS > 1 a copy that asks for that many HTTP processes,
+    beside a copy of its environment file with uvicorn's health check as the role sets it for them, else `launch`."""
     if TOKENIZER_WORKERS == 1:
         return launch
     SWEEPS.mkdir(parents=True, exist_ok=True)
     copy = SWEEPS / f"{launch.stem}-http{TOKENIZER_WORKERS}.txt"
-    shutil.copyfile(launch.with_suffix(".env"), copy.with_suffix(".env"))
+    env = launch.with_suffix(".env").read_text(encoding="utf-8")
+    if http_workers.HEALTHCHECK_ENV not in env:
+        env = env.rstrip("\n") + f'\n{http_workers.HEALTHCHECK_ENV}="{http_workers.HEALTHCHECK_S}"\n'
+    copy.with_suffix(".env").write_text(env, encoding="utf-8")
     command = launch.read_text(encoding="utf-8").rstrip("\n")
     copy.write_text(f"{command} --tokenizer-worker-num {TOKENIZER_WORKERS}\n", encoding="utf-8")
     return copy
@@ -161,8 +164,22 @@ def sweep(server: Server, label: str, levels: tuple[int, ...] = LEVELS, start_in
     tag = f"-s{start_index + 1}" if start_index else ""
     sampled = OUT / f"gpu-samples-{label}{tag}.jsonl"
     sampled.unlink(missing_ok=True)
+    workers = SWEEPS / f"{label}-http.json"  # every start's HTTP processes and uvicorn's kills during its sweeps
+    if start_index == 0:
+        workers.unlink(missing_ok=True)
+    mark = len(server.lines())
     with gpu_sampled(sampled):  # every sweep appends its levels to `out`
         tables = [bench(server, label, levels, start_index, repeat, out) for repeat in range(REPEATS)]
+    lines = server.lines()
+    seen = http_workers.scan(lines)
+    if seen is not None:
+        starts_seen = json.loads(workers.read_text()) if workers.is_file() else []
+        row = {
+            "start": start_index + 1,
+            **seen.to_dict(),
+            "killed_during_sweeps": http_workers.kills_between(lines, mark, len(lines)),
+        }
+        workers.write_text(json.dumps([*starts_seen, row]), encoding="utf-8")
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     mine = [r for r in rows if server_starts.start_of(str(r["label"]), label) == start_index]
     levels_seen = json.loads(clocks.read_text()) if clocks.is_file() else []
@@ -175,6 +192,17 @@ def sweep(server: Server, label: str, levels: tuple[int, ...] = LEVELS, start_in
     switch = plain_decode.evidence(server.lines())
     (SWEEPS / f"{label}-switch.json").write_text(json.dumps(switch.to_dict() if switch else None), encoding="utf-8")
     (OUT / f"sweep-{label}.jsonl").write_text(out.read_text(), encoding="utf-8")
+
+
+def http_losses(label: str) -> str:
+    """ " (...)" naming the starts of `label` whose sweeps ran while uvicorn killed HTTP processes or with fewer than
+    launched ("" when none did): those sweeps measured a smaller server."""
+    path = SWEEPS / f"{label}-http.json"
+    lost = [r for r in (json.loads(path.read_text()) if path.is_file() else []) if r["killed_during_sweeps"]]
+    said = ", ".join(
+        f"start {r['start']}: {r['killed_during_sweeps']} killed, {r['serving']} of {r['asked']} serving" for r in lost
+    )
+    return f" ({label} lost HTTP processes during its sweeps: {said})" if lost else ""
 
 
 def sweeps_of(label: str) -> dict[int, list[float]]:
@@ -350,6 +378,7 @@ class TestEnvelopePolicy:
                 noise = f" (within the sweeps' spread: {overlap})" if repeated else ""
                 if best == twin:
                     noise += f" (the same launch as {best}: a gap between two starts of one server)"
+                noise += "".join(http_losses(n) for n in ("policy", best))
                 cause = where(gpu_busy_per_sweep("policy")[c], gpu_busy_per_sweep(best)[c])
                 if (share := cohorts_of("policy").get(c)) is not None and share >= COHORT_WARN:
                     cause += f"; cohorts: {share:.0%} of C finished within 5 % of a lifetime of each other"
@@ -373,6 +402,7 @@ class TestEnvelopePolicy:
             "start_spread": {n: server_starts.start_spread(by_start(n)) for n in names},
             "policy_same_launch_as": twin,
             "gpu_clocks": {n: json.loads(f.read_text()) for n in names if (f := SWEEPS / f"{n}-gpu.json").is_file()},
+            "http_workers": {n: json.loads(f.read_text()) for n in names if (f := SWEEPS / f"{n}-http.json").is_file()},
             "step_at_batch": step,
             "gpu_seconds": {n: gpu_busy(n) for n in names},
             "policy_batches": switch_of("policy"),

@@ -30,7 +30,7 @@ import pytest
 from lab import decode_log, server_pids
 from sm120check.bench import metrics
 from sm120check.bench.server_rate import MIN_LIFETIMES, outside
-from sm120check.sglang import port_owner, startup_log
+from sm120check.sglang import http_workers, port_owner, startup_log
 
 # The marks of every SGLang server test module in tests/gpu: a GPU and a carried SGLang, or a skip saying which
 MARKS = [
@@ -317,11 +317,23 @@ def start(name: str, launch: Path, wait: dict[str, Any] | None = None) -> Genera
                 pytest.fail(f"{name} server not healthy within the role's bound:\n" + "\n".join(server.lines()[-30:]))
             time.sleep(2)
         check_answerer(server, port)
+        wait_for_http_workers(server, deadline)
         yield server
     finally:
         stop_group(proc)
         server_pids.forget(proc.pid)
         save(f"{name}-server_log_tail.txt", "\n".join(server.lines()[-200:]))
+
+
+def wait_for_http_workers(server: Server, deadline: float) -> None:
+    """Where the launch asked for several HTTP processes, wait (to the start's own bound) until every one has started;
+    fail naming what uvicorn's supervisor did where it killed one after the server was ready or they did not start."""
+    while (workers := http_workers.scan(server.lines())) is not None and workers.serving < workers.asked:
+        if workers.problem:
+            pytest.fail(f"{server.name} server: {workers.problem}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{server.name} server: within the role's bound only {workers.note}")
+        time.sleep(1)
 
 
 def verify(server: Server, launch: str) -> tuple[int, dict[str, str], dict[str, Any]]:

@@ -15,6 +15,7 @@ import pytest
 
 import lab.gpu_clocks
 import lab.sglang_gpu
+from sm120check.sglang.http_workers import HEALTHCHECK_ENV
 
 HARNESS = Path(__file__).parents[1] / "gpu" / "test_sglang_envelope.py"
 LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)
@@ -138,3 +139,54 @@ def test_the_gpu_sampler_around_a_sweep_ends_with_it_and_leaves_its_file(envelop
         assert "libnvidia-ml" in first["text"] and lab.gpu_clocks.samples(lines) == []
     else:
         assert all(s.sm_mhz for s in lab.gpu_clocks.samples(lines))
+
+
+def test_a_miss_whose_sweeps_lost_http_processes_names_the_start(envelope: ModuleType) -> None:
+    write(envelope, "base", rows("base", flat(1000.0)))
+    write(envelope, "spec-7", rows("spec-7", flat(2000.0)))
+    write(envelope, "policy", rows("policy", {**flat(2000.0), 10: 1500.0}), rows("policy-s2", flat(2000.0)))
+    policy_launch(envelope, threshold=None)
+    starts = [
+        {"start": 1, "asked": 4, "serving": 3, "killed_during_sweeps": 11},
+        {"start": 2, "asked": 4, "serving": 4, "killed_during_sweeps": 0},
+    ]
+    (envelope.SWEEPS / "policy-http.json").write_text(json.dumps(starts), encoding="utf-8")
+    misses, record = verdict(envelope)
+    assert len(misses) == 1 and misses[0].startswith("C=10: policy 1750")
+    assert "(policy lost HTTP processes during its sweeps: start 1: 11 killed, 3 of 4 serving)" in misses[0]
+    assert record["http_workers"] == {"policy": starts}
+
+
+def test_served_copies_ask_for_the_http_processes_with_the_roles_health_check(
+    envelope: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(envelope, "TOKENIZER_WORKERS", 4)
+    launch = envelope.LAUNCH / "base.txt"
+    copy = envelope.served(launch)
+    assert copy.read_text().split()[-2:] == ["--tokenizer-worker-num", "4"]
+    env = lab.sglang_gpu.environment_file(copy.with_suffix(".env"))  # the unit's own file format
+    assert env == {**lab.sglang_gpu.environment_file(launch.with_suffix(".env")), HEALTHCHECK_ENV: "120"}
+
+
+class LoggedServer:
+    """What wait_for_http_workers reads of a server: its name and its log's lines."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.name, self._lines = "stand-in", lines
+
+    def lines(self) -> list[str]:
+        return self._lines
+
+
+def test_the_start_waits_for_every_http_process_and_names_a_kill_after_ready() -> None:
+    start = ["server_args=ServerArgs(tokenizer_worker_num=2)", "The server is fired up and ready to roll!"]
+    both = [*start, "Start multi-tokenizer worker process 5, ipc", "Start multi-tokenizer worker process 6, ipc"]
+    lab.sglang_gpu.wait_for_http_workers(LoggedServer(both), deadline=0.0)  # type: ignore[arg-type]  # returns
+    killed = [*start, "Start multi-tokenizer worker process 5, ipc", "INFO:     Child process [7] died", "a request"]
+    with pytest.raises(pytest.fail.Exception, match=r"killed 1 after the server was ready.*1 of the 2 launched serve"):
+        lab.sglang_gpu.wait_for_http_workers(LoggedServer(killed), deadline=float("inf"))  # type: ignore[arg-type]
+    slow = [*start, "Start multi-tokenizer worker process 5, ipc"]
+    with pytest.raises(
+        pytest.fail.Exception, match="within the role's bound only HTTP processes: 2 launched, 1 serving"
+    ):
+        lab.sglang_gpu.wait_for_http_workers(LoggedServer(slow), deadline=0.0)  # type: ignore[arg-type]
