@@ -50,7 +50,7 @@ def test_the_edit_lands_with_the_switch_once_and_reverts_byte_identical(tmp_path
 
 
 @pytest.mark.parametrize("version", spec_stream.SUPPORTED)
-def test_an_unfinished_request_sends_empty_histograms_and_a_finished_one_its_own(version: str) -> None:
+def test_an_unfinished_request_sends_the_empty_tuple_and_a_finished_one_its_histograms(version: str) -> None:
     """The edited statements, taken from the patched release file and run on a request of each state."""
     text = spec_stream.add(_streamer(release_dir(version) / "sglang"), version)
     statements = [line.strip() for line in text.splitlines() if "sent only with a request's last output" in line]
@@ -62,8 +62,50 @@ def test_an_unfinished_request_sends_empty_histograms_and_a_finished_one_its_own
         out = SimpleNamespace(spec_correct_drafts_histogram=[], spec_cap_lens_histogram=[])
         for statement in statements:
             exec(statement, {}, {"self": out, "req": req})  # the release's own line, as patched
-        want = ([[3, 1, 4]], [[2, 7]]) if finished else ([[]], [[]])
+        want = ([[3, 1, 4]], [[2, 7]]) if finished else ([()], [()])
         assert (out.spec_correct_drafts_histogram, out.spec_cap_lens_histogram) == want
+    # every unfinished request sends the one empty tuple: pickle writes no object a request, and the reader
+    # (`if histogram and len(histogram) > i and histogram[i]`) sees no histogram
+    unfinished = SimpleNamespace(finished=lambda: False, spec_correct_drafts_histogram=[1], spec_cap_lens_histogram=[2])
+    out = SimpleNamespace(spec_correct_drafts_histogram=[], spec_cap_lens_histogram=[])
+    for _ in range(3):
+        for statement in statements:
+            exec(statement, {}, {"self": out, "req": unfinished})
+    assert len({id(h) for h in out.spec_correct_drafts_histogram + out.spec_cap_lens_histogram}) == 1
+    assert not out.spec_correct_drafts_histogram[0]
+
+
+@pytest.mark.parametrize("version", spec_stream.SUPPORTED)
+def test_the_released_reader_takes_the_edits_entries(version: str) -> None:
+    """The HTTP process's reader of the histograms (`TokenizerManager`), as released, guards every entry by its
+    truth: an unfinished request's entry is skipped, a finished one's read."""
+    source = (release_dir(version) / "sglang" / "srt/managers/tokenizer_manager.py").read_text(encoding="utf-8")
+    for field in spec_stream.FIELDS:
+        assert f"and recv_obj.{field}[i]" in source, field  # the entry's truth decides
+
+
+def test_a_tree_with_the_edits_first_version_is_refused_until_reverted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree an earlier sm120check patched with a new empty list a request: scan says so, patch refuses with the fix
+    and changes nothing, and revert then patch gives the current edit."""
+    tree = _copy(tmp_path, "0.5.16")
+    current = spec_stream.add
+    with monkeypatch.context() as m:
+        m.setattr(spec_stream, "add", lambda text, version: current(text, version).replace("else ()", "else []"))
+        m.setattr(spec_stream, "applied", lambda text: "else [])  # sm120kit" in text)
+        assert run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)[0] == 0
+    assert spec_stream.earlier(_streamer(tree)) and not spec_stream.applied(_streamer(tree))
+    scanned = json.loads(run_cli("scan", "--source", str(tree), "--plain-decode", *ARGS)[1])
+    finding = next(f for f in scanned["findings"] if f["id"] == spec_stream.PATCH_ID)
+    assert not finding["ok"] and "earlier version" in finding["summary"] and "--revert" in finding["summary"]
+    before = tree_hashes(tree)
+    status, out = run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)
+    assert status == 2 and "sglang patch --revert" in json.loads(out)["error"]
+    assert tree_hashes(tree) == before
+    assert run_cli("patch", "--source", str(tree), "--revert", "--json")[0] == 0
+    assert run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)[0] == 0
+    assert spec_stream.applied(_streamer(tree))
 
 
 def test_other_releases_are_refused_with_nothing_changed(tmp_path: Path) -> None:

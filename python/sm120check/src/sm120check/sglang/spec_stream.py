@@ -2,10 +2,11 @@
 switch): SGLang's output streamer (`srt/managers/scheduler_components/output_streamer.py`) appends every running
 request's two speculative histograms (correct drafts and cap lengths per step count) to every decode step's output,
 and the detokenizer forwards them to the HTTP process, which reads them only when the request finishes
-(`TokenizerManager._calculate_spec_decoding_metrics`). The edit appends an empty list for a request that has not
-finished, so each step's message carries two empty lists per request in place of two histograms; a finished
-request's output is unchanged. The four per-request counters stay in every output (ints, and their readers index
-them whatever the state)."""
+(`TokenizerManager._calculate_spec_decoding_metrics`). The edit appends the empty tuple for a request that has not
+finished: one shared object, which pickle writes as one opcode and the reader gets back without an allocation (a new
+empty list a request, the edit's first version, still cost two containers a request on every step). Readers test the
+entry before they use it, so `()` reads as no histogram. A finished request's output is unchanged. The four
+per-request counters stay in every output (ints, and their readers index them whatever the state)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,23 @@ def _anchor(field: str) -> str:
     return f"self.{field}.append(req.{field})"
 
 
-def _edited(field: str) -> str:
-    return f"self.{field}.append(req.{field} if req.finished() else [])  {_EDIT_NOTE}"
+def _edited(field: str, empty: str = "()") -> str:
+    return f"self.{field}.append(req.{field} if req.finished() else {empty})  {_EDIT_NOTE}"
 
 
 def applied(text: str) -> bool:
     return all(_edited(f) in text for f in FIELDS)
+
+
+def earlier(text: str) -> bool:
+    """The edit's first version (a new empty list a request) is in the streamer."""
+    return not applied(text) and any(_edited(f, "[]") in text for f in FIELDS)
+
+
+EARLIER = (
+    "an earlier version of the speculative-stream edit is in this tree (a new empty list a request); "
+    "run `sm120check sglang patch --revert`, then patch again with --plain-decode"
+)
 
 
 def _lines(text: str) -> list[tuple[int, int, str]]:
@@ -55,6 +67,8 @@ def survey(text: str | None, version: str) -> SwitchScan:
         return SwitchScan(PATH, False, False, f"{PATH} not found (no output streamer in this release)")
     if applied(text):
         return SwitchScan(PATH, True, True, "")
+    if earlier(text):
+        return SwitchScan(PATH, True, False, EARLIER)
     if version not in SUPPORTED:
         why = f"SGLang {version} is not a release the speculative-stream edit was written against"
         return SwitchScan(PATH, False, False, f"{why} ({', '.join(SUPPORTED)})")
@@ -69,6 +83,8 @@ def add(text: str, version: str) -> str:
     """The streamer's source with the edit (unchanged when it is there already); SglangError when it cannot apply."""
     if applied(text):
         return text
+    if earlier(text):
+        raise SglangError(f"{PATH}: {EARLIER}")
     if version not in SUPPORTED:
         raise SglangError(
             f"SGLang {version}: the speculative-stream edit is written for {', '.join(SUPPORTED)} only; "
