@@ -171,6 +171,11 @@ def sweep(server: Server, label: str, levels: tuple[int, ...] = LEVELS, start_in
     with gpu_sampled(sampled):  # every sweep appends its levels to `out`
         tables = [bench(server, label, levels, start_index, repeat, out) for repeat in range(REPEATS)]
     lines = server.lines()
+    mine = mine_rows(out, label, start_index)
+    batching = SWEEPS / f"{label}-prefills.json"  # every sweep's prefill batches per level (from the server's log)
+    earlier = json.loads(batching.read_text()) if start_index and batching.is_file() else []
+    prefills = [{"start": start_index + 1, "concurrency": int(r["concurrency"]), **prefill_row(lines, r)} for r in mine]
+    batching.write_text(json.dumps(earlier + prefills), encoding="utf-8")
     seen = http_workers.scan(lines)
     if seen is not None:
         starts_seen = json.loads(workers.read_text()) if workers.is_file() else []
@@ -180,8 +185,6 @@ def sweep(server: Server, label: str, levels: tuple[int, ...] = LEVELS, start_in
             "killed_during_sweeps": http_workers.kills_between(lines, mark, len(lines)),
         }
         workers.write_text(json.dumps([*starts_seen, row]), encoding="utf-8")
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    mine = [r for r in rows if server_starts.start_of(str(r["label"]), label) == start_index]
     levels_seen = json.loads(clocks.read_text()) if clocks.is_file() else []
     gpu = gpu_clocks.samples(sampled.read_text().splitlines() if sampled.is_file() else [])
     clocks.write_text(json.dumps(levels_seen + gpu_clocks.per_level(gpu, mine)), encoding="utf-8")
@@ -192,6 +195,29 @@ def sweep(server: Server, label: str, levels: tuple[int, ...] = LEVELS, start_in
     switch = plain_decode.evidence(server.lines())
     (SWEEPS / f"{label}-switch.json").write_text(json.dumps(switch.to_dict() if switch else None), encoding="utf-8")
     (OUT / f"sweep-{label}.jsonl").write_text(out.read_text(), encoding="utf-8")
+
+
+def mine_rows(out: Path, label: str, start_index: int) -> list[dict[str, Any]]:
+    """The bench rows of one start of `label` in `out`."""
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return [r for r in rows if server_starts.start_of(str(r["label"]), label) == start_index]
+
+
+def prefill_row(lines: list[str], row: dict[str, Any]) -> dict[str, Any]:
+    """The prefill batches the server logged inside one bench level's window, and the requests they took in."""
+    b = decode_log.prefill_batching(lines, float(row["level_started_epoch"]), float(row["level_ended_epoch"]))
+    return {"batches": b.batches, "requests": b.requests, "per_batch": b.per_batch}
+
+
+def prefill_batching(label: str) -> dict[str, float | None]:
+    """Per level, requests a prefill batch over every sweep of `label` (None where no prefill was logged)."""
+    path = SWEEPS / f"{label}-prefills.json"
+    totals: dict[int, list[int]] = {}
+    for row in json.loads(path.read_text()) if path.is_file() else []:
+        seen = totals.setdefault(int(row["concurrency"]), [0, 0])
+        seen[0] += int(row["batches"])
+        seen[1] += int(row["requests"])
+    return {str(c): round(r / b, 2) if b else None for c, (b, r) in sorted(totals.items())}
 
 
 def http_losses(label: str) -> str:
@@ -380,6 +406,9 @@ class TestEnvelopePolicy:
                     noise += f" (the same launch as {best}: a gap between two starts of one server)"
                 noise += "".join(http_losses(n) for n in ("policy", best))
                 cause = where(gpu_busy_per_sweep("policy")[c], gpu_busy_per_sweep(best)[c])
+                batched = [prefill_batching(n).get(str(c)) for n in ("policy", best)]
+                if None not in batched:
+                    cause += f"; prefills: {batched[0]} requests a batch against {batched[1]}"
                 if (share := cohorts_of("policy").get(c)) is not None and share >= COHORT_WARN:
                     cause += f"; cohorts: {share:.0%} of C finished within 5 % of a lifetime of each other"
                 misses.append(
@@ -403,6 +432,7 @@ class TestEnvelopePolicy:
             "policy_same_launch_as": twin,
             "gpu_clocks": {n: json.loads(f.read_text()) for n in names if (f := SWEEPS / f"{n}-gpu.json").is_file()},
             "http_workers": {n: json.loads(f.read_text()) for n in names if (f := SWEEPS / f"{n}-http.json").is_file()},
+            "prefill_batching": {n: prefill_batching(n) for n in names},
             "step_at_batch": step,
             "gpu_seconds": {n: gpu_busy(n) for n in names},
             "policy_batches": switch_of("policy"),

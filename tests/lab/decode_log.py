@@ -18,8 +18,10 @@ figure two servers' prefill paths are compared by.
 
 from __future__ import annotations
 
+import calendar
 import re
 import statistics
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -171,6 +173,45 @@ def prefill_view(rows: Sequence[PrefillLine], *, chunk: int, min_running: int = 
     q = statistics.quantiles(rates, n=4) if len(rates) > 1 else [rates[0]] * 3
     return {"prefills": len(rates), "input_tok_s_median": round(statistics.median(rates), 1),
             "input_tok_s_p25": round(q[0], 1), "input_tok_s_p75": round(q[2], 1)}  # fmt: skip
+
+
+_STAMP = re.compile(r"^\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]")
+
+
+def stamp_epoch(raw: str, utc: bool = False) -> int | None:
+    """The whole second a log line is stamped with (SGLang's `[YYYY-MM-DD HH:MM:SS]`, the host's local time unless
+    `utc`) as epoch seconds; None for a line without one."""
+    m = _STAMP.match(raw)
+    if m is None:
+        return None
+    parsed = time.strptime(m["stamp"], "%Y-%m-%d %H:%M:%S")
+    return calendar.timegm(parsed) if utc else int(time.mktime(parsed))
+
+
+@dataclass(frozen=True)
+class PrefillBatching:
+    """The prefills logged within one stretch of time: how many batches and how many requests they took in."""
+
+    batches: int
+    requests: int
+
+    @property
+    def per_batch(self) -> float | None:
+        return round(self.requests / self.batches, 2) if self.batches else None
+
+
+def prefill_batching(text: Iterable[str], start: float, end: float, utc: bool = False) -> PrefillBatching:
+    """The "Prefill batch" lines stamped in whole seconds inside [start, end] (epoch seconds, a bench level's window):
+    a second cut by either end is left out, so the ramp of a neighbouring level does not count."""
+    batches = requests = 0
+    for raw in text:
+        m = _PREFILL.search(raw)
+        if m is None or (second := stamp_epoch(raw, utc)) is None:
+            continue
+        if start <= second and second + 1 <= end:
+            batches += 1
+            requests += int(m["seqs"])
+    return PrefillBatching(batches, requests)
 
 
 _PROFILE_START = re.compile(r"Profiling starts\b")

@@ -3,6 +3,8 @@ H200, tests/sglang/fixtures/server-0.5.16/smoke-base.log) and from lines in the 
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,44 @@ def test_each_profile_window_counts_the_prefills_logged_in_it() -> None:
         {"prefills": 2, "new_tokens": 8192 + 4000},
         {"prefills": 0, "new_tokens": 0},
     ]
+
+
+def prefill(stamp: str, seqs: int) -> str:
+    return (
+        f"[2026-12-07 {stamp}] Prefill batch, #new-seq: {seqs}, #new-token: 300, #cached-token: 0, token usage: 0.00, "
+        "#running-req: 9, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 1.0"
+    )
+
+
+def test_prefill_batching_counts_only_whole_seconds_inside_the_window() -> None:
+    lines = [
+        prefill("10:00:00", 5),  # the second before the window's first whole second
+        prefill("10:00:01", 1),
+        prefill("10:00:01", 3),
+        "Prefill batch, #new-seq: 4, #new-token: 9, #running-req: 0, input throughput (token/s): 1.0",  # no stamp
+        "[2026-12-07 10:00:02] Decode batch, #running-req: 9, #token: 1, gen throughput (token/s): 1.0, #queue-req: 0",
+        prefill("10:00:08", 2),
+        prefill("10:00:09", 7),  # cut by the window's end
+    ]
+    start = decode_log.stamp_epoch("[2026-12-07 10:00:00]", utc=True)
+    assert start is not None
+    got = decode_log.prefill_batching(lines, start + 0.5, start + 9.5, utc=True)
+    assert (got.batches, got.requests, got.per_batch) == (3, 6, 2.0)
+    assert decode_log.prefill_batching(lines, start + 20, start + 30, utc=True).per_batch is None
+    assert decode_log.stamp_epoch("no stamp") is None
+
+
+RECORD = Path(__file__).resolve().parents[2] / "docs/validation/2026-12-07-h100-envelope-starts"
+
+
+def test_the_records_policy_start_batched_its_prefills_as_the_record_says() -> None:
+    """The first policy start's log (stamped in UTC on the device) over its C=70 and C=250 windows, as the bench
+    recorded them: the counts in the record's prefill-batches-by-level.json."""
+    lines = gzip.decompress((RECORD / "envelope-policy.log.gz").read_bytes()).decode().splitlines()
+    recorded = json.loads((RECORD / "prefill-batches-by-level.json").read_text())["starts"]["policy"]
+    for level, (start, end) in {
+        "70": (1796671758.441, 1796671771.294),
+        "250": (1796671789.042, 1796671824.372),
+    }.items():
+        got = decode_log.prefill_batching(lines, start, end, utc=True)
+        assert {"batches": got.batches, "requests": got.requests, "per_batch": got.per_batch} == recorded[level]

@@ -190,3 +190,20 @@ def test_the_start_waits_for_every_http_process_and_names_a_kill_after_ready() -
         pytest.fail.Exception, match="within the role's bound only HTTP processes: 2 launched, 1 serving"
     ):
         lab.sglang_gpu.wait_for_http_workers(LoggedServer(slow), deadline=0.0)  # type: ignore[arg-type]
+
+
+def test_the_verdict_keeps_each_servers_prefill_batching_and_a_miss_compares_them(envelope: ModuleType) -> None:
+    write(envelope, "base", rows("base", flat(1000.0)))
+    write(envelope, "spec-7", rows("spec-7", flat(2000.0)))
+    write(envelope, "policy", rows("policy", {**flat(2000.0), 250: 1500.0}))
+    policy_launch(envelope, threshold=None)
+    for name, per in (("policy", 2), ("spec-7", 6)):
+        starts = [
+            {"start": s, "concurrency": c, "batches": 10, "requests": 10 * per + s - 1, "per_batch": None}
+            for s in (1, 2) for c in LEVELS
+        ]  # fmt: skip
+        (envelope.SWEEPS / f"{name}-prefills.json").write_text(json.dumps(starts), encoding="utf-8")
+    misses, record = verdict(envelope)
+    assert len(misses) == 1 and misses[0].startswith("C=250: policy 1500")
+    assert "; prefills: 2.05 requests a batch against 6.05" in misses[0]  # both starts' batches and requests summed
+    assert record["prefill_batching"]["spec-7"]["250"] == 6.05 and record["prefill_batching"]["base"] == {}
