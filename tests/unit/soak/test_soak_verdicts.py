@@ -156,6 +156,17 @@ def test_server_killed_mid_soak_fails_as_died() -> None:
     assert "its first failed request at " in result.summary
 
 
+def test_a_dead_server_whose_requests_wait_a_moment_between_failures_still_died() -> None:
+    """A loaded client can see a killed server's in-flight requests fail an interval late: that interval has requests
+    in flight and no error, and it is part of the death, not a reason to call it a passing server with errors."""
+    dead = {"tokens": 0, "done": 0, "errors": 3, "in_flight": 0, "error": "server closed the connection"}
+    intervals = served(after=dead)
+    intervals[60] = replace(intervals[60], errors=0, in_flight=16, error="")  # the kill's interval: still waiting
+    intervals[75] = replace(intervals[75], errors=0, in_flight=4, error="")
+    result = by_id(soak([*series(), *intervals], server=True))["soak_server"]
+    assert result.status is Status.FAIL and "the server died" in result.summary
+
+
 def test_server_with_requests_in_flight_and_no_token_stalls() -> None:
     stalled = {"tokens": 0, "done": 0, "errors": 0, "in_flight": 16}
     result = by_id(soak(served(after=stalled), server=True))["soak_server"]

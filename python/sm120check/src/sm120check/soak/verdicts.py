@@ -180,6 +180,15 @@ def sampler(soak: Soak) -> Result:
 # ---- the server --------------------------------------------------------------------------------------------------
 
 
+def _longest_wait(intervals: list[ServerInterval]) -> float:
+    """The longest run of consecutive intervals with requests in flight and no error, in seconds."""
+    longest = run = 0.0
+    for i in intervals:
+        run = run + i.seconds if i.in_flight and not i.errors else 0.0
+        longest = max(longest, run)
+    return longest
+
+
 def server(soak: Soak) -> Result:
     """The server died (every request failing to the end) or stalled (no token for stall_s while requests were in
     flight)."""
@@ -192,8 +201,10 @@ def server(soak: Soak) -> Result:
     last_token = max((i.t for i in intervals if i.tokens), default=None)
     tail = [i for i in intervals if last_token is None or i.t > last_token]
     failing = [i for i in tail if i.errors]
-    # died: requests kept failing (retried each second: at least two intervals of failures) and no token came back
-    if len(failing) >= 2 and all(i.errors or not i.in_flight for i in tail):
+    # died: requests kept failing (retried each second: at least two intervals of failures) and no token came back;
+    # intervals between failures with requests still waiting on the dead server are part of it, unless they add up
+    # to a stall
+    if len(failing) >= 2 and _longest_wait(tail) < soak.bounds.stall_s:
         first = failing[0]
         return _finding(
             soak, vid, Status.FAIL, first.t,
