@@ -54,7 +54,9 @@
 #             docs/validation/2026-12-07-h100-host; with 4 the repeat phases take about 7.5, 5.5, 5.5 and 8 minutes),
 #             and SM120KIT_ENVELOPE_STARTS=N (1-3): each server of the curves, policy and adaptive phases started N
 #             times in turn, each swept SM120KIT_ENVELOPE_REPEATS times, so the verdict's spread covers the spread
-#             between two starts of one launch;
+#             between two starts of one launch (with 4 HTTP processes, STARTS=2 and REPEATS=1, repeat-a, -b and -c take
+#             about 9, 7 and 7.5 minutes); a server with several HTTP processes gets
+#             SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT=120 and is swept only once every one has started;
 #             every sweep runs sm120check.soak.sampler (NVML reads, 1 s): gpu-samples-*.jsonl, and the verdict's
 #             gpu_clocks gives each level's SM clock, power, temperature and clock-event reasons
 #   jit-venv  $JIT_VENV (default /tmp/jit-venv) from the JIT parts carried in earlier calls of this warm machine
