@@ -131,6 +131,23 @@ def test_one_http_process_is_no_finding() -> None:
     assert http_workers.scan(["no server start here"]) is None
 
 
+def test_deaths_that_the_stop_caused_are_no_kills_whatever_uvicorn_logs_between() -> None:
+    """A stopped unit signals every process: workers may die, and other workers log their shutdown, before the
+    supervisor handles its own signal."""
+    lines = [
+        "server_args=ServerArgs(tokenizer_worker_num=2)", "The server is fired up and ready to roll!",
+        "Start multi-tokenizer worker process 5, ipc", "Start multi-tokenizer worker process 6, ipc", "a request",
+        "INFO:     Waiting for child process [5]", "INFO:     Child process [5] died", "INFO:     Shutting down",
+        "INFO:     Waiting for application shutdown.", "INFO:     Application shutdown complete.",
+        "INFO:     Finished server process [6]", "INFO:     Received SIGTERM, exiting.",
+        "INFO:     Terminated child process [9]", "INFO:     Stopping parent process [1]",
+    ]  # fmt: skip
+    workers = http_workers.scan(lines)
+    assert workers is not None and workers.killed == () and workers.problem == ""
+    lines[7:7] = ["a request"]  # a request after the death: the server served on without the worker
+    assert http_workers.scan(lines).killed == (5,)  # type: ignore[union-attr]
+
+
 def test_only_the_last_run_counts(tmp_path: Path) -> None:
     lines = [
         "server_args=ServerArgs(tokenizer_worker_num=2)", "The server is fired up and ready to roll!",

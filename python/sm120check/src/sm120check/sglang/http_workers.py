@@ -25,7 +25,12 @@ ROLE_VARIABLE = "sglang_server_http_worker_healthcheck_s"
 _ASKED = re.compile(r"\btokenizer_worker_num=(?P<n>\d{1,4})\b")  # in SGLang's server_args= line
 _STARTED = re.compile(r"Start multi-tokenizer worker process (?P<pid>\d{1,10})\b")  # SGLang, 0.5.9-0.5.23
 _KILLED = re.compile(r"Child process \[(?P<pid>\d{1,10})\] died")  # uvicorn's supervisor
-_WAITING = re.compile(r"Waiting for child process \[\d{1,10}\]")  # the supervisor, before each kill's line
+# uvicorn's own lines around a kill and a stop (the supervisor's join, the workers' shutdown): they neither start nor
+# end the run of deaths that a stop signal causes
+_STOPPING = re.compile(
+    r"Waiting for child process \[\d{1,10}\]|Terminated child process \[|Shutting down\s*$|"
+    r"Waiting for application shutdown|Application shutdown complete|Finished server process \["
+)
 _SHUTDOWN = re.compile(r"Received SIG(?:TERM|INT|QUIT|BREAK), exiting\.|Stopping parent process \[")
 _READY = "The server is fired up and ready to roll!"
 _START = re.compile(r"\bserver_args=")
@@ -88,8 +93,8 @@ class HttpWorkers:
 
 def scan(lines: Sequence[str]) -> HttpWorkers | None:
     """The HTTP processes of the last server run in `lines` (None: no run whose arguments name more than one).
-    Workers that die in the supervisor's lines right before its own shutdown line, at most one a worker, got the stop
-    signal with it (a stopped unit signals the whole group): those are no kills."""
+    Workers that die right before the supervisor's own shutdown line (with only uvicorn's stop lines between), at
+    most one a worker, got the stop signal with it (a stopped unit signals the whole group): those are no kills."""
     asked = 0
     started: list[int] = []
     killed: list[tuple[int, int, bool]] = []  # pid, line, after the ready line
@@ -105,7 +110,7 @@ def scan(lines: Sequence[str]) -> HttpWorkers | None:
             killed.append((int(m.group("pid")), number, ready))
             pending += 1
             continue
-        if _WAITING.search(line):
+        if _STOPPING.search(line):
             continue
         if _SHUTDOWN.search(line) and pending:
             del killed[-min(pending, max(asked, 1)) :]  # the stop ends each worker once
