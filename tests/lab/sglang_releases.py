@@ -7,6 +7,7 @@ import contextlib
 import difflib
 import hashlib
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -106,3 +107,17 @@ def git_apply(patch_file: Path, tree: Path) -> subprocess.CompletedProcess[str]:
     subprocess.run(["git", "init", "-q"], cwd=tree.parent, check=True, timeout=60)
     argv = ["git", "apply", str(patch_file)]
     return subprocess.run(argv, cwd=tree.parent, capture_output=True, text=True, timeout=60, check=False)
+
+
+def earlier_edit_refused_until_reverted(tree: Path, patch_id: str, args: tuple[str, ...]) -> None:
+    """A tree holding an earlier version of an opt-in `--plain-decode` edit: scan names it with the fix, patch
+    refuses it (exit 2) with nothing changed, and revert then patch succeed (the caller checks the current edit)."""
+    scanned = json.loads(run_cli("scan", "--source", str(tree), "--plain-decode", *args)[1])
+    finding = next(f for f in scanned["findings"] if f["id"] == patch_id)
+    assert not finding["ok"] and "earlier version" in finding["summary"] and "--revert" in finding["summary"]
+    before = tree_hashes(tree)
+    status, out = run_cli("patch", "--source", str(tree), "--plain-decode", *args)
+    assert status == 2 and "sglang patch --revert" in json.loads(out)["error"]
+    assert tree_hashes(tree) == before
+    assert run_cli("patch", "--source", str(tree), "--revert", "--json")[0] == 0
+    assert run_cli("patch", "--source", str(tree), "--plain-decode", *args)[0] == 0

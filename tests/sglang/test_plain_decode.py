@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from lab.sglang_releases import git_apply, release_dir, run_cli, tree_hashes, upstream_diff
+from lab.sglang_releases import (
+    earlier_edit_refused_until_reverted,
+    git_apply,
+    release_dir,
+    run_cli,
+    tree_hashes,
+    upstream_diff,
+)
 from sm120check.sglang import plain_decode
 
 pytestmark = pytest.mark.slow
@@ -180,15 +187,7 @@ def test_a_tree_with_an_earlier_switch_is_refused_until_reverted(
         m.setattr(plain_decode, "applied", lambda text: "def _sm120kit_plain_decode(" in text)
         assert run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)[0] == 0
     assert plain_decode.earlier(_worker(tree)) and not plain_decode.applied(_worker(tree))
-    scanned = json.loads(run_cli("scan", "--source", str(tree), "--plain-decode", *ARGS)[1])
-    finding = next(f for f in scanned["findings"] if f["id"] == plain_decode.PATCH_ID)
-    assert not finding["ok"] and "earlier version" in finding["summary"] and "--revert" in finding["summary"]
-    before = tree_hashes(tree)
-    status, out = run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)
-    assert status == 2 and "sglang patch --revert" in json.loads(out)["error"]
-    assert tree_hashes(tree) == before
-    assert run_cli("patch", "--source", str(tree), "--revert", "--json")[0] == 0
-    assert run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)[0] == 0
+    earlier_edit_refused_until_reverted(tree, plain_decode.PATCH_ID, ARGS)
     assert plain_decode.applied(_worker(tree))
 
 

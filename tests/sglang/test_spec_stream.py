@@ -12,7 +12,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab.sglang_releases import git_apply, release_dir, run_cli, tree_hashes, upstream_diff
+from lab.sglang_releases import (
+    earlier_edit_refused_until_reverted,
+    git_apply,
+    release_dir,
+    run_cli,
+    tree_hashes,
+    upstream_diff,
+)
 from sm120check.sglang import plain_decode, spec_stream
 from sm120check.sglang.errors import SglangError
 
@@ -96,15 +103,7 @@ def test_a_tree_with_the_edits_first_version_is_refused_until_reverted(
         m.setattr(spec_stream, "applied", lambda text: "else [])  # sm120kit" in text)
         assert run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)[0] == 0
     assert spec_stream.earlier(_streamer(tree)) and not spec_stream.applied(_streamer(tree))
-    scanned = json.loads(run_cli("scan", "--source", str(tree), "--plain-decode", *ARGS)[1])
-    finding = next(f for f in scanned["findings"] if f["id"] == spec_stream.PATCH_ID)
-    assert not finding["ok"] and "earlier version" in finding["summary"] and "--revert" in finding["summary"]
-    before = tree_hashes(tree)
-    status, out = run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)
-    assert status == 2 and "sglang patch --revert" in json.loads(out)["error"]
-    assert tree_hashes(tree) == before
-    assert run_cli("patch", "--source", str(tree), "--revert", "--json")[0] == 0
-    assert run_cli("patch", "--source", str(tree), "--plain-decode", *ARGS)[0] == 0
+    earlier_edit_refused_until_reverted(tree, spec_stream.PATCH_ID, ARGS)
     assert spec_stream.applied(_streamer(tree))
 
 

@@ -17,6 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sm120check.sglang.launch_patterns import LOG_PATTERNS
+from sm120check.sglang.launch_terms import Sign
+
 HEALTHCHECK_ENV = "SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT"
 HEALTHCHECK_ENV_FIRST = "0.5.13"  # the first release that reads it (read from the releases' environ.py)
 HEALTHCHECK_S = 120  # what the role and the GPU harness set where a server has more than one HTTP process
@@ -32,8 +35,8 @@ _STOPPING = re.compile(
     r"Waiting for application shutdown|Application shutdown complete|Finished server process \["
 )
 _SHUTDOWN = re.compile(r"Received SIG(?:TERM|INT|QUIT|BREAK), exiting\.|Stopping parent process \[")
-_READY = "The server is fired up and ready to roll!"
-_START = re.compile(r"\bserver_args=")
+_START = next(p for p in LOG_PATTERNS if p.sign is Sign.START).compiled  # verify-launch's own run boundaries
+_READY = next(p for p in LOG_PATTERNS if p.sign is Sign.READY).compiled
 FIX = (
     f"set {HEALTHCHECK_ENV}={HEALTHCHECK_S} in the server's environment (SGLang {HEALTHCHECK_ENV_FIRST} or newer; the "
     f"role sets it from {ROLE_VARIABLE} where sglang_server_tokenizer_workers is above 1) and restart the server; "
@@ -71,8 +74,6 @@ class HttpWorkers:
 
     @property
     def note(self) -> str:
-        if self.asked <= 1:
-            return ""
         text = f"HTTP processes: {self.asked} launched, {self.serving} serving"
         if self.killed:
             text += f"; uvicorn's health check killed {len(self.killed)}"
@@ -115,7 +116,7 @@ def scan(lines: Sequence[str]) -> HttpWorkers | None:
         if _SHUTDOWN.search(line) and pending:
             del killed[-min(pending, max(asked, 1)) :]  # the stop ends each worker once
         pending = 0
-        if _READY in line:
+        if _READY.search(line):
             ready = True
         elif m := _STARTED.search(line):
             started.append(int(m.group("pid")))
