@@ -57,6 +57,9 @@
 #             between two starts of one launch (with 4 HTTP processes, STARTS=2 and REPEATS=1, repeat-a, -b and -c take
 #             about 9, 7 and 7.5 minutes); a server with several HTTP processes gets
 #             SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT=120 and is swept only once every one has started;
+#             SM120KIT_ENVELOPE_DRAFT_ERROR=P (0 to below 1, default 0.1): the synthetic draft wrong on a share P of
+#             its proposals (mean accept length 5.7 at 7 steps for 0.1, 3.1 for 0.3); the pair is rewritten when a
+#             call asks for another P, so every call of one record must pass the same value;
 #             every sweep runs sm120check.soak.sampler (NVML reads, 1 s): gpu-samples-*.jsonl, and the verdict's
 #             gpu_clocks gives each level's SM clock, power, temperature and clock-event reasons
 #   jit-venv  $JIT_VENV (default /tmp/jit-venv) from the JIT parts carried in earlier calls of this warm machine

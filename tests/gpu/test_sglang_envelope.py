@@ -50,6 +50,7 @@ from lab.sglang_gpu import (
     start,
     write_models,
 )
+from lab.sglang_models import expected_accept_length
 from sm120check.bench import tiers
 from sm120check.bench.closedloop import COHORT_WARN
 from sm120check.sglang import http_workers, plain_decode
@@ -76,6 +77,11 @@ STARTS = int(os.environ.get("SM120KIT_ENVELOPE_STARTS", "1"))
 # SGLang's HTTP (tokenizer) processes of every server this file starts (`--tokenizer-worker-num`; 1, SGLang's default,
 # leaves the launches as the role rendered them).
 TOKENIZER_WORKERS = int(os.environ.get("SM120KIT_ENVELOPE_TOKENIZER_WORKERS", "1"))
+# SM120KIT_ENVELOPE_DRAFT_ERROR (0 to below 1): the share of the synthetic draft's proposals that are wrong
+# (tests/lab/sglang_models.py, --draft-error); 0.1, the pair every GPU test serves, gives a mean accept length of 5.7
+# at 7 steps, 0.3 gives 3.1 (2.5 at 3 steps). Every server of one machine start must serve the same pair: the pair is
+# rewritten when a call asks for another value.
+DRAFT_ERROR = float(os.environ.get("SM120KIT_ENVELOPE_DRAFT_ERROR", "0.1"))
 
 
 def served(launch: Path) -> Path:
@@ -100,6 +106,10 @@ if not 1 <= STARTS <= 3:
     raise ValueError(f"SM120KIT_ENVELOPE_STARTS={STARTS}: expected 1 to 3 starts per server")
 if TOKENIZER_WORKERS < 1:
     raise ValueError(f"SM120KIT_ENVELOPE_TOKENIZER_WORKERS={TOKENIZER_WORKERS}: expected 1 or more HTTP processes")
+if not 0 <= DRAFT_ERROR < 1:
+    raise ValueError(
+        f"SM120KIT_ENVELOPE_DRAFT_ERROR={DRAFT_ERROR}: expected a share of wrong proposals from 0 to below 1"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +302,15 @@ def by_start(label: str) -> dict[int, dict[int, list[float]]]:
     return server_starts.by_start(rows, label)
 
 
+def accept_of(label: str) -> dict[str, float | None]:
+    """Per level, the mean accept length the bench measured over the sweeps (None where the server gave none)."""
+    seen: dict[str, list[float]] = {}
+    for line in (SWEEPS / f"{label}.jsonl").read_text().splitlines():
+        if line.strip() and (row := json.loads(line)).get("accept_length") is not None:
+            seen.setdefault(str(row["concurrency"]), []).append(float(row["accept_length"]))
+    return {str(c): round(sum(v) / len(v), 3) if (v := seen.get(str(c))) else None for c in LEVELS}
+
+
 def curve(label: str) -> dict[int, float]:
     """The mean of the sweeps per level."""
     return {c: sum(v) / len(v) for c, v in sweeps_of(label).items()}
@@ -314,7 +333,7 @@ def switch_of(label: str) -> dict[str, Any] | None:
 class TestEnvelopeCurves:
     @pytest.mark.parametrize("name", list(CURVES))
     def test_sweep(self, patched: Patched, name: str) -> None:
-        write_models("spec.txt")
+        write_models("spec.txt", draft_error=DRAFT_ERROR)
         switched = []  # each start's switch evidence: it stays off without a threshold or 0 slot
         for i, server in starts(name, LAUNCH / CURVES[name][0]):
             sweep(server, name, start_index=i)
@@ -327,7 +346,7 @@ class TestEnvelopeCurves:
 
 class TestEnvelopePolicy:
     def test_sweep_the_policy_server(self, patched: Patched) -> None:
-        write_models("spec.txt")
+        write_models("spec.txt", draft_error=DRAFT_ERROR)
         sweeps = [tiers.Sweep(name, steps, curve(name)) for name, (_, steps) in CURVES.items() if swept(name)]
         scan = sm120check("sglang", "scan", "--cc", "9.0", "--plain-decode", "--json")
         switch = bool(json.loads(scan.stdout)["plain_decode"]["applied"])  # the patch state, never a guess
@@ -368,6 +387,7 @@ class TestEnvelopePolicy:
         assert not differs, f"the policy server's greedy outputs differ from the plain server's: {differs}"
 
     def test_sweep_sglangs_adaptive_mode(self, patched: Patched) -> None:
+        write_models("spec.txt", draft_error=DRAFT_ERROR)
         for i, server in starts("sglang-adaptive", LAUNCH / "sglang-adaptive.txt"):
             sweep(server, "sglang-adaptive", start_index=i)
         assert set(curve("sglang-adaptive")) == set(LEVELS)
@@ -380,6 +400,9 @@ class TestEnvelopePolicy:
         table: dict[str, Any] = {
             "levels": list(LEVELS),
             "output_len_spread": float(SPREAD),
+            "draft_error": DRAFT_ERROR,
+            "accept_length_expected": {str(k): round(expected_accept_length(DRAFT_ERROR, k), 3) for k in (3, 7)},
+            "accept_length": {n: accept_of(n) for n in names},
             "sweeps_per_server": {n: len(sweeps_of(n)[LEVELS[0]]) for n in names},
             "starts_per_server": {n: len(by_start(n)) for n in names},
             "curves": rows,
@@ -470,7 +493,7 @@ def gap_launch(name: str) -> Path:
 class TestEnvelopeGap:
     @pytest.mark.parametrize("name", ["gap-base", "gap-policy"])
     def test_sweep_above_the_crossing(self, patched: Patched, name: str) -> None:
-        write_models("spec.txt")
+        write_models("spec.txt", draft_error=DRAFT_ERROR)
         for server in start(f"envelope-{name}", gap_launch(name)):
             sweep(server, name, GAP_LEVELS)
         assert set(curve(name)) == set(GAP_LEVELS)
@@ -563,7 +586,7 @@ def load_args(server: Server, level: int, seconds: int, label: str, out: Path) -
 class TestEnvelopeProfile:
     @pytest.mark.parametrize("name", ["gap-base", "gap-policy"])
     def test_profile_the_steps_under_the_gap_load(self, patched: Patched, name: str) -> None:
-        write_models("spec.txt")
+        write_models("spec.txt", draft_error=DRAFT_ERROR)
         folder = OUT / f"profile-{name}"
         shutil.rmtree(folder, ignore_errors=True)
         replies: list[str] = []
@@ -643,7 +666,7 @@ def timed_scrapes(url: str, n: int = 5) -> list[dict[str, float]]:
 class TestEnvelopeHost:
     @pytest.mark.parametrize("name", ["gap-base", "gap-policy"])
     def test_profile_the_host_under_the_cohort_load(self, patched: Patched, name: str) -> None:
-        write_models("spec.txt")
+        write_models("spec.txt", draft_error=DRAFT_ERROR)
         folder = OUT / f"host-{name}"
         shutil.rmtree(folder, ignore_errors=True)
         profiles: list[host_profile.ProcessProfile] = []

@@ -103,14 +103,19 @@ def patch_tree() -> Patched:
 
 def write_models(launch: str = "spec.txt", draft_error: float = 0.1) -> Path:
     """The served pair of a launch file, written on this GPU from a seed (never carried): `draft_error` 0.1 for the
-    pair every server but one runs, 1.0 for bad-draft.txt's draft that is never accepted (same seed, same target)."""
+    pair every server but one runs (the envelope phases take another, SM120KIT_ENVELOPE_DRAFT_ERROR), 1.0 for
+    bad-draft.txt's draft that is never accepted (same seed, same target)."""
     where = Path(shlex.split((LAUNCH / launch).read_text())[4]).parent  # --model-path DIR/target
-    if not (where / "target" / "config.json").is_file() or not (where / "draft" / "config.json").is_file():
+    stamp = where / "draft-error.txt"  # the pair on disk is rewritten when a call asks for another draft error
+    written = stamp.read_text(encoding="utf-8").strip() if stamp.is_file() else None
+    pair = (where / "target" / "config.json").is_file() and (where / "draft" / "config.json").is_file()
+    if not pair or written != str(draft_error):
         cmd = [sys.executable, str(ROOT / "tests" / "lab" / "sglang_models.py"), "write", "--out", str(where)]
         args = [*MODEL_ARGS[: MODEL_ARGS.index("--draft-error")], "--draft-error", str(draft_error), "--seed", "7"]
         run = subprocess.run([*cmd, "--device", "cuda", "--force", *args], capture_output=True, text=True, timeout=600)
         save(f"models-{where.name}.txt", run.stdout + run.stderr)
         assert run.returncode == 0, run.stderr[-2000:]
+        stamp.write_text(str(draft_error), encoding="utf-8")
     return where
 
 
