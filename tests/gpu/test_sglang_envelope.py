@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -82,21 +83,28 @@ TOKENIZER_WORKERS = int(os.environ.get("SM120KIT_ENVELOPE_TOKENIZER_WORKERS", "1
 # at 7 steps, 0.3 gives 3.1 (2.5 at 3 steps). Every server of one machine start must serve the same pair: the pair is
 # rewritten when a call asks for another value.
 DRAFT_ERROR = float(os.environ.get("SM120KIT_ENVELOPE_DRAFT_ERROR", "0.1"))
+# SM120KIT_ENVELOPE_SERVER_ARGS: SGLang arguments every server of the run gets on top of its launch file (one
+# string, shell words), e.g. "--enable-prefill-delayer --prefill-delayer-queue-min-ratio 0.1" to batch a plain
+# server's prefills; the record's table names them.
+SERVER_ARGS = shlex.split(os.environ.get("SM120KIT_ENVELOPE_SERVER_ARGS", ""))
 
 
 def served(launch: Path) -> Path:
-    """`launch` as this run starts it: with TOKENIZER_WORKERS > 1 a copy that asks for that many HTTP processes,
-    beside a copy of its environment file with uvicorn's health check as the role sets it for them, else `launch`."""
-    if TOKENIZER_WORKERS == 1:
+    """`launch` as this run starts it: with TOKENIZER_WORKERS > 1 or SERVER_ARGS a copy with them (and, for several
+    HTTP processes, a copy of its environment file with uvicorn's health check as the role sets it), else `launch`."""
+    if TOKENIZER_WORKERS == 1 and not SERVER_ARGS:
         return launch
     SWEEPS.mkdir(parents=True, exist_ok=True)
-    copy = SWEEPS / f"{launch.stem}-http{TOKENIZER_WORKERS}.txt"
+    copy = SWEEPS / f"{launch.stem}-served.txt"
     env = launch.with_suffix(".env").read_text(encoding="utf-8")
-    if http_workers.HEALTHCHECK_ENV not in env:
-        env = env.rstrip("\n") + f'\n{http_workers.HEALTHCHECK_ENV}="{http_workers.HEALTHCHECK_S}"\n'
+    extra = [*SERVER_ARGS]
+    if TOKENIZER_WORKERS > 1:
+        extra += ["--tokenizer-worker-num", str(TOKENIZER_WORKERS)]
+        if http_workers.HEALTHCHECK_ENV not in env:
+            env = env.rstrip("\n") + f'\n{http_workers.HEALTHCHECK_ENV}="{http_workers.HEALTHCHECK_S}"\n'
     copy.with_suffix(".env").write_text(env, encoding="utf-8")
     command = launch.read_text(encoding="utf-8").rstrip("\n")
-    copy.write_text(f"{command} --tokenizer-worker-num {TOKENIZER_WORKERS}\n", encoding="utf-8")
+    copy.write_text(f"{command} {shlex.join(extra)}\n", encoding="utf-8")
     return copy
 
 
@@ -401,6 +409,8 @@ class TestEnvelopePolicy:
             "levels": list(LEVELS),
             "output_len_spread": float(SPREAD),
             "draft_error": DRAFT_ERROR,
+            "server_args": SERVER_ARGS,
+            "tokenizer_workers": TOKENIZER_WORKERS,
             "accept_length_expected": {str(k): round(expected_accept_length(DRAFT_ERROR, k), 3) for k in (3, 7)},
             "accept_length": {n: accept_of(n) for n in names},
             "sweeps_per_server": {n: len(sweeps_of(n)[LEVELS[0]]) for n in names},
