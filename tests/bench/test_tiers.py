@@ -151,6 +151,29 @@ def test_sglangs_own_slots_keep_the_tiers_whatever_the_acceptance(tmp_path: Path
             assert params.get_steps_for_batch(batch) == want, (version, batch, correct)
 
 
+def test_the_switch_threshold_follows_the_launchs_own_depth_where_another_depth_won_below_the_plain_tier() -> None:
+    """The H100 envelope at draft error 0.3 (docs/validation/2026-12-07-h100-envelope-accept-3): 3 steps win at
+    C=1-2, 7 steps at C=5, plain from C=10. The static launch runs 3 steps, which already lost to plain at C=5, so
+    its crossing with plain lies between C=2 and C=5 (near 3), not between 5 and 10: a threshold of 10 left the
+    batches of 3-9 speculating at 3 steps, slower than plain there, and every batch of 9 at level 10."""
+    levels = (1, 2, 5, 10, 30, 70, 100, 250)
+    base = tiers.Sweep("base", 0, dict(zip(levels, (355.9, 686.8, 1550.1, 2776.6, 5692.0, 7644.0, 8708.9, 8617.0))))
+    spec3 = tiers.Sweep("spec-3", 3, dict(zip(levels, (426.4, 815.3, 1247.6, 2438.0, 3713.4, 6244.9, 6323.0, 7987.9))))
+    spec7 = tiers.Sweep("spec-7", 7, dict(zip(levels, (391.2, 738.8, 1589.5, 2437.4, 5124.8, 6802.4, 6704.6, 7873.9))))
+    plan = tiers.plan([base, spec3, spec7], switch=True)
+    assert plan.plain_from == 10
+    assert [(t.start, t.steps) for t in plan.tiers] == [(1, 3), (5, 7), (10, 0)]
+    launch = tiers.static_launch(plan)
+    assert (launch.steps, launch.plain_from, launch.lost) == (3, 3, (5,))
+    # the depth wins again just below the plain tier: the crossing between that level and the plain tier, as before
+    spec3_late = tiers.Sweep("spec-3", 3, {**spec3.tok_s, 5: 1600.0})
+    assert tiers.static_launch(tiers.plan([base, spec3_late, spec7], switch=True)).plain_from == 6
+    # the depth never beats plain below the plain tier where both were measured: the first plain level
+    never = tiers.Sweep("spec-3", 3, {10: 2438.0, 30: 3713.4})
+    only = tiers.plan([base, never, spec7], switch=True)
+    assert tiers.static_launch(only).steps == 7
+
+
 def test_the_switch_threshold_is_the_interpolated_crossing_not_the_first_plain_level() -> None:
     """The H100 envelope run (docs/validation/2026-12-06-h100-envelope): 7 steps win by 2 % at C=30, plain by 24 %
     at C=70; a threshold of 70 left every batch of 46-69 at level 70 speculating. The curves cross near 33."""

@@ -147,25 +147,27 @@ def static_launch(p: TierPlan) -> StaticLaunch:
 
 
 def switch_threshold(p: TierPlan, steps: int) -> int | None:
-    """The batch size from which the switch runs plain: where the `steps` curve crosses the plain one, interpolated
-    (log-log, as crossover's) between the last level below `plain_from` and `plain_from`, rounded up. Not the first
-    level plain wins: at a level of C requests the running batch dips below C as requests finish and their
-    successors queue, so every batch between the crossing and C would speculate where plain is faster (see finding
-    switch-threshold-below-level)."""
+    """The batch size from which the switch runs plain: where the `steps` curve last crosses below the plain one
+    before `plain_from`, interpolated (log-log, as crossover's) between the last level `steps` beats plain and the
+    next level both measured, rounded up. Not the first level plain wins: at a level of C requests the running batch
+    dips below C as requests finish and their successors queue, so every batch between the crossing and C would
+    speculate where plain is faster (see finding switch-threshold-below-level). Not the level below `plain_from`
+    either when `steps` already lost there to plain (another depth won it): those batches run plain, the faster of
+    what the launch can run."""
     start = p.plain_from
     if start is None:
         return None
-    below = [lv for lv in p.levels if lv.level < start]
-    at = next(lv for lv in p.levels if lv.level == start)
-    if not below or steps not in below[-1].measured or steps not in at.measured or PLAIN not in below[-1].measured:
+    both = [lv for lv in p.levels if lv.level <= start and steps in lv.measured and PLAIN in lv.measured]
+    wins = [i for i, lv in enumerate(both) if lv.level < start and lv.measured[steps] > lv.measured[PLAIN]]
+    if not wins or both[-1].level != start:
         return start
-    prev = below[-1]
+    prev, at = both[wins[-1]], both[wins[-1] + 1]
     status, value, _ = interpolate(
         [prev.level, at.level], [prev.measured[PLAIN], at.measured[PLAIN]], [prev.measured[steps], at.measured[steps]]
     )
     if status != "found" or value is None:
-        return start
-    return min(start, max(prev.level + 1, math.ceil(value)))
+        return at.level
+    return min(at.level, max(prev.level + 1, math.ceil(value)))
 
 
 def launched(steps: int, plain_from: int | None, level: int) -> int:
