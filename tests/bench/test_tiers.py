@@ -157,9 +157,13 @@ def test_the_switch_threshold_follows_the_launchs_own_depth_where_another_depth_
     its crossing with plain lies between C=2 and C=5 (near 3), not between 5 and 10: a threshold of 10 left the
     batches of 3-9 speculating at 3 steps, slower than plain there, and every batch of 9 at level 10."""
     levels = (1, 2, 5, 10, 30, 70, 100, 250)
-    base = tiers.Sweep("base", 0, dict(zip(levels, (355.9, 686.8, 1550.1, 2776.6, 5692.0, 7644.0, 8708.9, 8617.0))))
-    spec3 = tiers.Sweep("spec-3", 3, dict(zip(levels, (426.4, 815.3, 1247.6, 2438.0, 3713.4, 6244.9, 6323.0, 7987.9))))
-    spec7 = tiers.Sweep("spec-7", 7, dict(zip(levels, (391.2, 738.8, 1589.5, 2437.4, 5124.8, 6802.4, 6704.6, 7873.9))))
+
+    def sweep(name: str, steps: int, tok_s: tuple[float, ...]) -> tiers.Sweep:
+        return tiers.Sweep(name, steps, dict(zip(levels, tok_s, strict=True)))
+
+    base = sweep("base", 0, (355.9, 686.8, 1550.1, 2776.6, 5692.0, 7644.0, 8708.9, 8617.0))
+    spec3 = sweep("spec-3", 3, (426.4, 815.3, 1247.6, 2438.0, 3713.4, 6244.9, 6323.0, 7987.9))
+    spec7 = sweep("spec-7", 7, (391.2, 738.8, 1589.5, 2437.4, 5124.8, 6802.4, 6704.6, 7873.9))
     plan = tiers.plan([base, spec3, spec7], switch=True)
     assert plan.plain_from == 10
     assert [(t.start, t.steps) for t in plan.tiers] == [(1, 3), (5, 7), (10, 0)]

@@ -153,7 +153,7 @@ def switch_threshold(p: TierPlan, steps: int) -> int | None:
     dips below C as requests finish and their successors queue, so every batch between the crossing and C would
     speculate where plain is faster (see finding switch-threshold-below-level). Not the level below `plain_from`
     either when `steps` already lost there to plain (another depth won it): those batches run plain, the faster of
-    what the launch can run."""
+    what the launch can run (see finding switch-threshold-own-depth)."""
     start = p.plain_from
     if start is None:
         return None
