@@ -83,6 +83,12 @@ TOKENIZER_WORKERS = int(os.environ.get("SM120KIT_ENVELOPE_TOKENIZER_WORKERS", "1
 # at 7 steps, 0.3 gives 3.1 (2.5 at 3 steps). Every server of one machine start must serve the same pair: the pair is
 # rewritten when a call asks for another value.
 DRAFT_ERROR = float(os.environ.get("SM120KIT_ENVELOPE_DRAFT_ERROR", "0.1"))
+# SM120KIT_ENVELOPE_FRESH_CONNECTIONS (0 or 1; default 1 with several HTTP processes): the bench opens a connection
+# for every request (bench --fresh-connections), so SGLang's HTTP processes, which share one listening socket, share
+# the requests; with one keep-alive connection a worker a level's burst of connects can load one process with most
+# of them.
+FRESH = os.environ.get("SM120KIT_ENVELOPE_FRESH_CONNECTIONS", "1" if TOKENIZER_WORKERS > 1 else "0") == "1"
+CONNECTIONS = ["--fresh-connections"] if FRESH else []
 # SM120KIT_ENVELOPE_SERVER_ARGS: SGLang arguments every server of the run gets on top of its launch file (one
 # string, shell words), e.g. "--enable-prefill-delayer --prefill-delayer-queue-min-ratio 0.1" to batch a plain
 # server's prefills; the record's table names them.
@@ -163,7 +169,7 @@ def bench(server: Server, label: str, levels: tuple[int, ...], start_index: int,
         "bench", "--url", server.url, "--concurrency", ",".join(map(str, levels)), "--duration", str(LEVEL_S),
         "--input-len", "64", "--output-len", "128", "--min-lifetimes", str(LIFETIMES),
         "--label", server_starts.label_of(label, start_index, repeat),
-        "--out", str(out), "--level-timeout", "120", "--output-len-spread", SPREAD, "--quiet",
+        "--out", str(out), "--level-timeout", "120", "--output-len-spread", SPREAD, "--quiet", *CONNECTIONS,
         timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
@@ -411,6 +417,7 @@ class TestEnvelopePolicy:
             "draft_error": DRAFT_ERROR,
             "server_args": SERVER_ARGS,
             "tokenizer_workers": TOKENIZER_WORKERS,
+            "fresh_connections": FRESH,
             "accept_length_expected": {str(k): round(expected_accept_length(DRAFT_ERROR, k), 3) for k in (3, 7)},
             "accept_length": {n: accept_of(n) for n in names},
             "sweeps_per_server": {n: len(sweeps_of(n)[LEVELS[0]]) for n in names},
@@ -590,7 +597,7 @@ def load_args(server: Server, level: int, seconds: int, label: str, out: Path) -
     """`sm120check bench` at one level for the profile and host phases: the sweeps' request shape, one window."""
     return ["bench", "--url", server.url, "--concurrency", str(level), "--duration", str(seconds), "--input-len", "64",
             "--output-len", "128", "--output-len-spread", SPREAD, "--label", label, "--out", str(out),
-            "--level-timeout", "120", "--quiet"]  # fmt: skip
+            "--level-timeout", "120", "--quiet", *CONNECTIONS]  # fmt: skip
 
 
 class TestEnvelopeProfile:

@@ -229,6 +229,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--pause", type=_pause, default=1.0, help="seconds between levels, so a /metrics scraper can tell them apart"
     )
+    p.add_argument(
+        "--fresh-connections",
+        action="store_true",
+        help="open a new connection for every request instead of one keep-alive connection per worker. A server "
+        "whose HTTP processes share one listening socket (SGLang's --tokenizer-worker-num, uvicorn workers) keeps "
+        "each connection on the process that accepted it, and a level's burst of connects can fall very unevenly "
+        "on them; fresh connections let the processes share the requests as they accept them",
+    )
     p.add_argument("--model", help="model name for OpenAI APIs (default: the first of /v1/models)")
     # The default is read at run time, never at parse time: a default is printed by --help. `%(default).0s` prints
     # nothing, and stops ArgumentDefaultsHelpFormatter from appending "(default: ...)".
@@ -344,6 +352,7 @@ class SweepConfig:
     prompt_source: str  # "synthetic", "file:NAME" or "dataset:NAME:FORMAT[:CATEGORIES]"
     reuse_prompts: bool
     pause: float
+    fresh_connections: bool  # a new connection for every request
     model: str  # "" when not given
     api_key: str | None
     label: str
@@ -398,6 +407,7 @@ class SweepConfig:
             prompt_source=source,
             reuse_prompts=args.allow_prompt_reuse,
             pause=args.pause,
+            fresh_connections=args.fresh_connections,
             model=args.model or "",
             api_key=api_key,
             label=args.label,
@@ -686,7 +696,12 @@ class _ClosedLoop:
             plan = LevelPlan(c, duration=config.duration, warmup=config.warmup, min_lifetimes=config.min_lifetimes)
         else:
             plan = LevelPlan(c, requests=config.requests_per_level or default_requests(c), warmup=config.warmup)
-        return replace(plan, request_timeout=config.request_timeout, level_timeout=config.level_timeout)
+        return replace(
+            plan,
+            request_timeout=config.request_timeout,
+            level_timeout=config.level_timeout,
+            fresh_connections=config.fresh_connections,
+        )
 
     async def measure(
         self, level: _Level, of: str, server: _Server, make_spec: MakeSpec, say: Announce, start: StartLevel
@@ -757,6 +772,7 @@ class _OpenLoop:
             max_in_flight=config.max_in_flight,
             request_timeout=config.request_timeout,
             level_timeout=config.level_timeout,
+            fresh_connections=config.fresh_connections,
         )
 
     async def measure(

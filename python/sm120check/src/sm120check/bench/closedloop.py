@@ -43,6 +43,10 @@ class LevelPlan:
     # with a duration: extend the window until it spans this many mean request lifetimes (bounded by the level's
     # timeout), so a completion counter can confirm its throughput (bench/server_rate.py MIN_LIFETIMES)
     min_lifetimes: float | None = None
+    # a new connection for every request: a server whose HTTP processes share one listening socket (uvicorn's
+    # workers, SGLang's --tokenizer-worker-num) then takes them as its processes accept; one keep-alive connection a
+    # worker stays on the process that accepted the level's first burst of connects, however unevenly they fell
+    fresh_connections: bool = False
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -220,6 +224,8 @@ async def run_level(
                         conn, api, make_spec(next(counter)), True, plan.request_timeout, state.records.append
                     )
                 )
+                if plan.fresh_connections:
+                    await conn.close()
             state.warm_left -= 1
             if state.warm_left == 0:
                 state.t0 = time.perf_counter()
@@ -237,6 +243,8 @@ async def run_level(
                     conn, api, make_spec(next(counter)), False, plan.request_timeout, state.records.append
                 )
                 state.records.append(record)
+                if plan.fresh_connections:
+                    await conn.close()
                 failures = failures + 1 if record.error else 0
                 if failures:
                     await asyncio.sleep(back_off(failures, state.deadline, time.perf_counter()))

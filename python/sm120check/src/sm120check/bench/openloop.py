@@ -43,6 +43,7 @@ class RatePlan:
     max_in_flight: int | None = None  # cap on requests in flight; an arrival beyond it waits for a slot
     request_timeout: float = 600.0
     level_timeout: float = 3600.0
+    fresh_connections: bool = False  # a new connection for every request (closedloop.LevelPlan says why)
 
     def __post_init__(self) -> None:
         if (self.requests is None) == (self.duration is None):
@@ -199,7 +200,10 @@ async def run_rate_level(
                 )
             finally:
                 w.in_flight -= 1
-            idle.append(conn)
+            if plan.fresh_connections:
+                await conn.close()
+            else:
+                idle.append(conn)
         records.append(replace(record, scheduled=at))
         if measured:
             w.measured_left -= 1

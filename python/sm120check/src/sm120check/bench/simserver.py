@@ -113,6 +113,7 @@ class _Stats:
     accepted_tokens: int = 0
     verify_steps: int = 0
     requests: int = 0  # generate requests accepted
+    generation_connections: int = 0  # connections that carried at least one generate request
     in_flight: int = 0  # accepted and not yet finished (waiting or running)
     max_in_flight: int = 0
     max_step_batch: int = 0  # the largest batch one step served
@@ -151,6 +152,7 @@ class SimServer:
         self.version = version
         self.write_stall_s = write_stall_s
         self._seen_prompts: set[str] = set()
+        self._carrying: set[int] = set()  # open connections (by id) that carried a generate request
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
         self._wake = asyncio.Event()
@@ -389,6 +391,7 @@ class SimServer:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            self._carrying.discard(id(writer))
             writer.close()
 
     async def _route(
@@ -491,6 +494,7 @@ class SimServer:
             "sim_model": {k: getattr(self.model, k) for k in ("mode", "a", "b", "c", "d", "tau", "max_batch")},
             "sim_stats": {  # counts, not clocks: what the client did, as the server saw it
                 "requests": self._stats.requests,
+                "generation_connections": self._stats.generation_connections,
                 "in_flight": self._stats.in_flight,
                 "max_in_flight": self._stats.max_in_flight,
                 "max_step_batch": self._stats.max_step_batch,
@@ -557,6 +561,9 @@ class SimServer:
             role["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": content}, "finish_reason": None}]
             writer.write(_frame(role))
         self._stats.requests += 1
+        if id(writer) not in self._carrying:
+            self._carrying.add(id(writer))
+            self._stats.generation_connections += 1
         self._stats.in_flight += 1
         self._stats.max_in_flight = max(self._stats.max_in_flight, self._stats.in_flight)
         self._waiting.append(seq)
