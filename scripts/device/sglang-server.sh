@@ -60,6 +60,7 @@
 #             SM120KIT_ENVELOPE_DRAFT_ERROR=P (0 to below 1, default 0.1): the synthetic draft wrong on a share P of
 #             its proposals (mean accept length 5.7 at 7 steps for 0.1, 3.1 for 0.3); the pair is rewritten when a
 #             call asks for another P, so every call of one record must pass the same value;
+#             SM120KIT_ENVELOPE_FRESH_CONNECTIONS=0|1 (default 1 with several HTTP processes): bench --fresh-connections;
 #             SM120KIT_ENVELOPE_SERVER_ARGS="ARGS": SGLang arguments every server of the phase gets on top of its launch
 #             (e.g. "--enable-prefill-delayer --prefill-delayer-queue-min-ratio 0.1"), named in table.json;
 #             every sweep runs sm120check.soak.sampler (NVML reads, 1 s): gpu-samples-*.jsonl, and the verdict's
