@@ -68,3 +68,34 @@ def test_the_open_loop_reuses_idle_connections_unless_asked_for_fresh_ones(
         assert connections == requests
     else:  # an idle connection is taken again: at most as many as were ever in flight at once
         assert connections <= stats.peak_in_flight < requests
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
+BASE, SPEC = (FIXTURES / f"h200-sglang-0.5.16-{name}.jsonl" for name in ("base", "spec"))
+
+
+def with_fresh_connections(src: Path, dest: Path) -> Path:
+    """`src`'s records as a bench run with --fresh-connections would have recorded them."""
+    rows = [json.loads(line) for line in src.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for row in rows:
+        row["args"]["fresh_connections"] = True
+    dest.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return dest
+
+
+def connection_warnings(capsys: pytest.CaptureFixture[str], base: Path, spec: Path) -> list[str]:
+    assert run_subcommand("crossover", str(base), str(spec), "--format", "json") == 0
+    return [w for w in json.loads(capsys.readouterr().out)["warnings"] if "connections" in w]
+
+
+def test_crossover_warns_when_the_two_sweeps_used_different_connections(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fresh_spec = with_fresh_connections(SPEC, tmp_path / "spec-fresh.jsonl")
+    (warning,) = connection_warnings(capsys, BASE, fresh_spec)
+    assert warning.startswith(f"{BASE} was measured with keep-alive connections and {fresh_spec} with fresh")
+    assert "--fresh-connections" in warning
+    # the same way on both sides, keep-alive (records older than the flag) or fresh: nothing said
+    assert connection_warnings(capsys, BASE, SPEC) == []
+    fresh_base = with_fresh_connections(BASE, tmp_path / "base-fresh.jsonl")
+    assert connection_warnings(capsys, fresh_base, fresh_spec) == []

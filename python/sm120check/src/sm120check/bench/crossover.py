@@ -206,6 +206,7 @@ def analyze(base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: t
     spec_runs = group_runs(spec, names[1], warnings)
     _check_labels(base, spec, names, warnings)
     _check_running_caps(base, spec, names, warnings)
+    _check_connections(base, spec, names, warnings)
     base_levels = set().union(*(c.keys() for c in base_runs))
     spec_levels = set().union(*(c.keys() for c in spec_runs))
     common = sorted(base_levels & spec_levels)
@@ -377,6 +378,25 @@ def _check_labels(
     if spec_said == {False}:
         warnings.append(f"{names[1]} was measured on a server without speculation (the server reported it off)")
     # None (the server did not say, e.g. llama.cpp or vLLM without SGLang's server info) is unknown: no warning
+
+
+def fresh_connections(record: LevelSummary) -> bool:
+    """Whether the record's bench opened a connection per request (`bench --fresh-connections`; older records: no)."""
+    args = record.meta.get("args")
+    return isinstance(args, Mapping) and args.get("fresh_connections") is True
+
+
+def _check_connections(
+    base: Sequence[LevelSummary], spec: Sequence[LevelSummary], names: tuple[str, str], warnings: list[str]
+) -> None:
+    used = {name: {fresh_connections(r) for r in records} for name, records in zip(names, (base, spec), strict=True)}
+    if used[names[0]] != used[names[1]]:
+        said = {name: " and ".join(sorted("fresh" if v else "keep-alive" for v in u)) for name, u in used.items()}
+        warnings.append(
+            f"{names[0]} was measured with {said[names[0]]} connections and {names[1]} with {said[names[1]]}: on a "
+            "server with several HTTP processes keep-alive connections can load them unevenly; bench both the same "
+            "way (--fresh-connections)"
+        )
 
 
 def running_cap(record: LevelSummary) -> int | None:
