@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from lab import crossing, decode_log, gpu_clocks, host_profile, server_starts, trace_kernels
-from lab.gpu_seconds import GAP_DEFAULT, gap_levels, per_token, where
+from lab.gpu_seconds import DECODE_COST, GAP_DEFAULT, decode_cost, gap_levels, per_token, where
 from lab.sglang_gpu import (
     LAUNCH,
     MARKS,
@@ -433,6 +433,13 @@ class TestEnvelopePolicy:
             for b in (30, 100)
         }
         misses = []
+        # the switched decode's cost from the device timer, at the levels whose batches the policy ran plain
+        cost = {
+            str(lv): decode_cost(gpu_busy_per_sweep("policy")[lv], gpu_busy_per_sweep("base")[lv]) for lv in (30, 100)
+        }
+        for at, ratio in cost.items():
+            if ratio is not None and ratio > DECODE_COST:
+                misses.append(f"C={at}: the switched decode costs {ratio:.2f} x the plain server's GPU time a token")
         twin = same_launch_as_policy()
         for i, c in enumerate(LEVELS):
             envelope = max(curves[n][c] for n in ("base", "spec-3", "spec-7") if n in curves)
@@ -474,6 +481,7 @@ class TestEnvelopePolicy:
             "http_workers": {n: json.loads(f.read_text()) for n in names if (f := SWEEPS / f"{n}-http.json").is_file()},
             "prefill_batching": {n: prefill_batching(n) for n in names},
             "step_at_batch": step,
+            "decode_cost": cost,
             "gpu_seconds": {n: gpu_busy(n) for n in names},
             "policy_batches": switch_of("policy"),
             "misses": misses,

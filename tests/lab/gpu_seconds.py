@@ -55,3 +55,21 @@ def where(policy: Sequence[dict[str, float]], best: Sequence[dict[str, float]]) 
     return (
         f"{kind}: GPU {gpu_p:.4f} against {gpu_b:.4f} ms a token, idle {idle_p:.0%} against {idle_b:.0%} of the level"
     )
+
+
+DECODE_COST = 1.05  # the issue's target: a switched decode costs at most this much of the plain server's
+
+
+def decode_cost(policy: Sequence[dict[str, float]], plain: Sequence[dict[str, float]]) -> float | None:
+    """The policy server's plain-decode GPU milliseconds per decoded token over the plain server's at one level
+    (per_token's rows; tokens from speculative batches are counted as decoded too, so call it where the policy's
+    batches ran plain): the switched step's cost from SGLang's device timer, which a decode log's `gen throughput`
+    (the time since the previous log line, prefills included) is not. None without a `decode` kind on either side."""
+    rates = []
+    for rows in (policy, plain):
+        tokens = sum(r["output_tokens"] for r in rows)
+        decode = sum(r.get("decode", 0.0) for r in rows)
+        if tokens <= 0 or decode <= 0:
+            return None
+        rates.append(decode / tokens)
+    return round(rates[0] / rates[1], 4)

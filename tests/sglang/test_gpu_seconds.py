@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.gpu_seconds import GAP_DEFAULT, gap_levels, per_token, where
+from lab.gpu_seconds import DECODE_COST, GAP_DEFAULT, decode_cost, gap_levels, per_token, where
 
 
 def test_two_sweeps_are_summed_before_dividing_by_their_tokens() -> None:
@@ -64,3 +64,24 @@ def test_where_names_neither_when_the_policy_waits_no_longer() -> None:
 
 def test_where_without_the_device_timer_says_so() -> None:
     assert where([sweep({}, wall=1.0)], [sweep({}, wall=1.0)]).startswith("unknown: no GPU seconds")
+
+
+def test_decode_cost_is_the_policys_decode_gpu_time_per_token_over_the_plain_servers() -> None:
+    """The H100 accept-3 envelope at C=30 (docs/validation/2026-12-07-h100-envelope-accept-3): the plain server's
+    decode 5.62 s over 52374 tokens, the policy's 5.34 s over 48562 (its few speculative batches aside): 1.03 x."""
+    plain = [{"decode": 5.620687, "extend": 2.78713, "level_wall_s": 9.307, "output_tokens": 52374}]
+    policy = [
+        {
+            "decode": 5.339773,
+            "extend": 3.306095,
+            "target_verify": 0.132402,
+            "level_wall_s": 10.325,
+            "output_tokens": 48562,
+        }
+    ]
+    cost = decode_cost(policy, plain)
+    assert cost == pytest.approx((5.339773 / 48562) / (5.620687 / 52374), abs=1e-4)
+    assert cost is not None and 1.02 < cost <= DECODE_COST
+    # a policy that speculated the whole level has no plain decode to compare: no figure, not a zero
+    assert decode_cost([{"target_verify": 4.8, "level_wall_s": 8.5, "output_tokens": 3487}], plain) is None
+    assert decode_cost(policy, [{"extend": 1.0, "level_wall_s": 9.0, "output_tokens": 100}]) is None
