@@ -169,6 +169,9 @@ def test_the_switch_threshold_follows_the_launchs_own_depth_where_another_depth_
     assert [(t.start, t.steps) for t in plan.tiers] == [(1, 3), (5, 7), (10, 0)]
     launch = tiers.static_launch(plan)
     assert (launch.steps, launch.plain_from, launch.lost) == (3, 3, (5,))
+    assert tiers.render_lines(plan, launch)[-1] == (
+        "  static launch: 3 steps, plain decode from batch 3; not realised at C=5 (7 steps won, it runs plain)"
+    )
     # the depth wins again just below the plain tier: the crossing between that level and the plain tier, as before
     spec3_late = tiers.Sweep("spec-3", 3, {**spec3.tok_s, 5: 1600.0})
     assert tiers.static_launch(tiers.plan([base, spec3_late, spec7], switch=True)).plain_from == 6

@@ -191,6 +191,10 @@ def static_json(launch: StaticLaunch) -> dict[str, object]:
     }
 
 
+def _depth(steps: int) -> str:
+    return f"{steps} steps" if steps != PLAIN else "plain"
+
+
 def render_lines(p: TierPlan, launch: StaticLaunch | None) -> list[str]:
     winners = ", ".join(f"C={lv.level}: {'plain' if lv.steps == PLAIN else f'{lv.steps} steps'}" for lv in p.levels)
     lines = [f"tiers (measured winner per level): {winners}"]
@@ -201,7 +205,13 @@ def render_lines(p: TierPlan, launch: StaticLaunch | None) -> list[str]:
     )
     if launch is not None:
         where = f"plain decode from batch {launch.plain_from}" if launch.plain_from else "no plain tier"
-        lost = f"; not realised at C={', '.join(map(str, launch.lost))}" if launch.lost else ""
+        won = {lv.level: lv.steps for lv in p.levels}
+
+        def runs(level: int) -> str:
+            ran = launched(launch.steps, launch.plain_from, level)
+            return f"C={level} ({_depth(won[level])} won, it runs {_depth(ran)})"
+
+        lost = f"; not realised at {', '.join(runs(level) for level in launch.lost)}" if launch.lost else ""
         lines.append(f"  static launch: {launch.steps} steps, {where}{lost}")
     lines += [f"  note: {n}" for n in p.notes]
     return lines
