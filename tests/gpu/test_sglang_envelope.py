@@ -51,7 +51,6 @@ from lab.sglang_gpu import (
     start,
     write_models,
 )
-from lab.sglang_models import expected_accept_length
 from sm120check.bench import tiers
 from sm120check.bench.closedloop import COHORT_WARN
 from sm120check.sglang import http_workers, plain_decode
@@ -82,17 +81,22 @@ TOKENIZER_WORKERS = int(os.environ.get("SM120KIT_ENVELOPE_TOKENIZER_WORKERS", "1
 # (tests/lab/sglang_models.py, --draft-error); 0.1, the pair every GPU test serves, gives a mean accept length of 5.7
 # at 7 steps, 0.3 gives 3.1 (2.5 at 3 steps). Every server of one machine start must serve the same pair: the pair is
 # rewritten when a call asks for another value.
-DRAFT_ERROR = float(os.environ.get("SM120KIT_ENVELOPE_DRAFT_ERROR", "0.1"))
+DRAFT_ERROR_TEXT = os.environ.get("SM120KIT_ENVELOPE_DRAFT_ERROR", "0.1")
+DRAFT_ERROR = float(DRAFT_ERROR_TEXT) if re.fullmatch(r"\d+(\.\d+)?", DRAFT_ERROR_TEXT) else -1.0
 # SM120KIT_ENVELOPE_FRESH_CONNECTIONS (0 or 1; default 1 with several HTTP processes): the bench opens a connection
 # for every request (bench --fresh-connections), so SGLang's HTTP processes, which share one listening socket, share
 # the requests; with one keep-alive connection a worker a level's burst of connects can load one process with most
 # of them.
-FRESH = os.environ.get("SM120KIT_ENVELOPE_FRESH_CONNECTIONS", "1" if TOKENIZER_WORKERS > 1 else "0") == "1"
+FRESH_TEXT = os.environ.get("SM120KIT_ENVELOPE_FRESH_CONNECTIONS", "1" if TOKENIZER_WORKERS > 1 else "0")
+FRESH = FRESH_TEXT == "1"
 CONNECTIONS = ["--fresh-connections"] if FRESH else []
 # SM120KIT_ENVELOPE_SERVER_ARGS: SGLang arguments every server of the run gets on top of its launch file (one
 # string, shell words), e.g. "--enable-prefill-delayer --prefill-delayer-queue-min-ratio 0.1" to batch a plain
 # server's prefills; the record's table names them.
-SERVER_ARGS = shlex.split(os.environ.get("SM120KIT_ENVELOPE_SERVER_ARGS", ""))
+try:
+    SERVER_ARGS = shlex.split(os.environ.get("SM120KIT_ENVELOPE_SERVER_ARGS", ""))
+except ValueError as exc:
+    raise ValueError(f"SM120KIT_ENVELOPE_SERVER_ARGS: {exc}; quote it as a shell would") from None
 
 
 def served(launch: Path) -> Path:
@@ -120,9 +124,11 @@ if not 1 <= STARTS <= 3:
     raise ValueError(f"SM120KIT_ENVELOPE_STARTS={STARTS}: expected 1 to 3 starts per server")
 if TOKENIZER_WORKERS < 1:
     raise ValueError(f"SM120KIT_ENVELOPE_TOKENIZER_WORKERS={TOKENIZER_WORKERS}: expected 1 or more HTTP processes")
+if FRESH_TEXT not in ("0", "1"):
+    raise ValueError(f"SM120KIT_ENVELOPE_FRESH_CONNECTIONS={FRESH_TEXT!r}: expected 0 or 1")
 if not 0 <= DRAFT_ERROR < 1:
     raise ValueError(
-        f"SM120KIT_ENVELOPE_DRAFT_ERROR={DRAFT_ERROR}: expected a share of wrong proposals from 0 to below 1"
+        f"SM120KIT_ENVELOPE_DRAFT_ERROR={DRAFT_ERROR_TEXT!r}: expected a share of wrong proposals from 0 to below 1"
     )
 
 
@@ -407,6 +413,8 @@ class TestEnvelopePolicy:
         assert set(curve("sglang-adaptive")) == set(LEVELS)
 
     def test_the_policy_is_on_the_envelope_and_beats_sglangs_adaptive(self) -> None:
+        from lab.sglang_models import expected_accept_length  # imports torch: here, not at collection
+
         names = [n for n in ("base", "spec-3", "spec-7", "sglang-adaptive", "policy") if swept(n)]
         assert {"base", "policy"} <= set(names) and set(names) & {"spec-3", "spec-7"}, names
         curves = {n: curve(n) for n in names}

@@ -108,7 +108,7 @@ def forget(pid: int) -> None:
         entries[:] = [e for e in entries if e.pid != pid]
 
 
-def _stop_group(pid: int) -> None:
+def stop_group(pid: int) -> None:
     """SIGTERM to the server's process group (it was started in its own session), SIGKILL to what is left after the
     wait; returns once no process of the group runs (bounded)."""
     for sig, wait in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, 10.0)):
@@ -204,7 +204,7 @@ def stop_recorded(everything: bool = False) -> list[str]:
                     "its harness still runs" if _harness_alive(entry) else f"its harness (pid {entry.by[0]}) is gone"
                 )
                 members = group_pids(entry.pid) | {entry.pid}
-                _stop_group(entry.pid)
+                stop_group(entry.pid)
                 _, released = wait_gpu_released(members)
                 said.append(f"stopped pid {entry.pid} and its process group, {whose}; {released} ({shown})")
         entries[:] = kept

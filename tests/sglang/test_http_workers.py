@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from lab import server_pids
 from lab.sglang_logs import LOG_PREFIX, log_formats, render
 from lab.sglang_releases import release_dir
 from sm120check.sglang import http_workers
@@ -78,12 +78,8 @@ def serve_until(tmp_path: Path, import_s: float, healthcheck_s: int, enough: re.
             assert time.monotonic() < deadline, f"no {count} x {enough.pattern} within 120 s:\n" + log.read_text()
             time.sleep(0.2)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        server_pids.stop_group(proc.pid)
+        proc.wait(timeout=10)  # the leader, reaped
     return log.read_text(errors="replace").splitlines()
 
 
